@@ -1,0 +1,94 @@
+package dlock
+
+import (
+	"context"
+	"time"
+)
+
+// Backend is the driver a lock server implements. It does one round trip
+// per call and holds no policy: it never retries, sleeps or renews on its
+// own. The Client holds all policy (waiting, renewal, reentrancy
+// bookkeeping, loss detection). Backends are provided by the memlock,
+// redislock, redlock, etcdlock and zklock packages; users rarely implement
+// one.
+//
+// Every method must be safe for concurrent use, honour ctx, and translate
+// driver-specific "nothing there" results into the errors of this package.
+type Backend interface {
+	// TryAcquire makes one attempt to take the lock r.Key for r.Token with
+	// lifetime r.TTL. When the lock is taken by another token it returns
+	// Grant{OK: false} and a nil error, with Grant.HolderTTL set when the
+	// backend knows the holder's remaining lifetime. When r.Reentrant is
+	// set and r.Token already holds the lock, the hold count grows and the
+	// holder's fence is returned again.
+	TryAcquire(ctx context.Context, r Request) (Grant, error)
+
+	// Refresh extends the lock to r.TTL from now if r.Token still holds it;
+	// otherwise it returns ErrNotHeld and changes nothing.
+	Refresh(ctx context.Context, r Request) error
+
+	// Release gives up one hold of r.Token on r.Key (the whole lock unless
+	// it is reentrant with a count above one). It returns ErrNotHeld, and
+	// changes nothing, when r.Token does not hold the lock.
+	Release(ctx context.Context, r Request) error
+
+	// Close frees what the backend opened itself (subscriptions, sessions).
+	// It does not close clients passed in by the user.
+	Close() error
+}
+
+// Request describes one lock operation for a Backend.
+type Request struct {
+	Key       string        // the user's key, validated by the Client
+	Token     string        // the owner token: unique per lease, or the WithOwner id
+	TTL       time.Duration // the lease's lifetime, at least MinTTL
+	Reentrant bool          // same Token re-enters instead of waiting (WithOwner)
+	FIFO      bool          // ask a Waiter for strict arrival order (WithFIFO)
+	Fence     uint64        // on Refresh and Release: the fence the grant returned
+}
+
+// Grant is the result of one acquisition attempt.
+type Grant struct {
+	OK        bool          // the lock is now held by the request's token
+	Fence     uint64        // when OK: the fencing token, strictly increasing per key
+	Count     int           // when OK: holds by this token including this one (1 unless reentrant)
+	HolderTTL time.Duration // when !OK: the current holder's remaining lifetime, 0 if unknown
+}
+
+// BatchRefresher is an optional Backend capability: refresh many locks in
+// as few round trips as possible (one per server). The result has one
+// entry per request, nil for success. The watchdog uses it when present.
+type BatchRefresher interface {
+	RefreshMany(ctx context.Context, rs []Request) []error
+}
+
+// Notifier is an optional Backend capability: tell waiters when a key is
+// released, so they retry at once instead of polling.
+type Notifier interface {
+	// Subscribe returns a channel that receives a value (sent without
+	// blocking, buffer one) after each release of key, and a function that
+	// ends the subscription; it returns once the subscription is active, so
+	// a release after Subscribe returns is never missed by a live
+	// connection. Notifications are hints: a lost one costs the waiter at
+	// most the holder's remaining TTL.
+	Subscribe(ctx context.Context, key string) (ch <-chan struct{}, stop func(), err error)
+}
+
+// Waiter is an optional Backend capability: a server-side queue. Wait
+// blocks until r is granted or ctx ends; when ctx ends it removes its
+// queue entry (with a fresh context) and returns an error matching
+// ctx.Err(). Backends whose only waiting mode is a queue (etcd, ZooKeeper)
+// ignore r.FIFO; others may return errors.ErrUnsupported when r.FIFO is
+// false, and the Client then waits by retrying on notifications.
+type Waiter interface {
+	Wait(ctx context.Context, r Request) (Grant, error)
+}
+
+// LossNotifier is an optional Backend capability for servers that learn of
+// a lost lock without being asked (ZooKeeper session expiry, etcd lease
+// revocation, a watched key deleted). fn is called at most once, from any
+// goroutine, with an error explaining the loss; stop cancels the
+// notification and must be called when the lease ends.
+type LossNotifier interface {
+	NotifyLoss(r Request, fn func(cause error)) (stop func())
+}

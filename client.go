@@ -1,0 +1,441 @@
+package dlock
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// A Client takes locks on one Backend and holds all policy: how to wait,
+// when to renew, how to report a lost lease. Create one per backend and
+// share it; it is safe for concurrent use. One watchdog goroutine renews
+// all of a Client's leases (it runs only while leases are held).
+type Client struct {
+	b   Backend
+	cfg config
+	err error // from New: returned by every call
+
+	batch    BatchRefresher
+	notifier Notifier
+	waiter   Waiter
+	loss     LossNotifier
+
+	mu      sync.Mutex
+	closed  bool
+	leases  map[*Lease]struct{}
+	owned   map[ownerKey][]*Lease
+	renew   leaseHeap // auto-renewed leases by next renewal
+	expiry  leaseHeap // other leases by expiry
+	running bool
+	wake    chan struct{}
+	wg      sync.WaitGroup
+}
+
+type ownerKey struct{ key, owner string }
+
+// New returns a Client taking locks on b, configured by opts. New does
+// not contact the server. If b is nil or an option is invalid, the Client
+// is still returned but every call on it fails with that error, which Err
+// also returns: check Err once at start-up.
+func New(b Backend, opts ...Option) *Client {
+	c := &Client{
+		b:      b,
+		cfg:    defaultConfig(),
+		leases: make(map[*Lease]struct{}),
+		owned:  make(map[ownerKey][]*Lease),
+		wake:   make(chan struct{}, 1),
+	}
+	c.renew.at = func(l *Lease) time.Time { return l.next }
+	c.renew.idx = func(l *Lease) *int { return &l.renewIdx }
+	c.expiry.at = func(l *Lease) time.Time { return l.expAt }
+	c.expiry.idx = func(l *Lease) *int { return &l.expIdx }
+	if b == nil {
+		c.err = fmt.Errorf("%w: nil Backend", ErrInvalidOption)
+		return c
+	}
+	c.err = c.cfg.apply(opts)
+	c.batch, _ = b.(BatchRefresher)
+	c.notifier, _ = b.(Notifier)
+	c.waiter, _ = b.(Waiter)
+	c.loss, _ = b.(LossNotifier)
+	return c
+}
+
+// Err returns the configuration error recorded by New, or nil.
+func (c *Client) Err() error { return c.err }
+
+// Backend returns the backend the Client was created with.
+func (c *Client) Backend() Backend { return c.b }
+
+// Acquire takes the lock key, waiting while another owner holds it as the
+// wait strategy (WithWait) allows. ctx bounds only the wait, not the
+// lease. On success it returns a held Lease, renewed by the watchdog
+// unless WithAutoRenew(false). If the wait ends without the lock it
+// returns an *AcquireError matching ErrNotAcquired, and also ctx's error
+// when ctx ended it. Server failures are returned as they are, wrapped
+// with the key. opts override the Client's options for this call.
+func (c *Client) Acquire(ctx context.Context, key string, opts ...Option) (*Lease, error) {
+	return c.acquire(ctx, key, opts, false)
+}
+
+// TryAcquire makes exactly one attempt to take the lock key. When the
+// lock is held by another owner it returns an *AcquireError matching
+// ErrNotAcquired (never waiting); otherwise it behaves like Acquire.
+func (c *Client) TryAcquire(ctx context.Context, key string, opts ...Option) (*Lease, error) {
+	return c.acquire(ctx, key, opts, true)
+}
+
+// Do acquires key, runs fn with a context that is cancelled (cause
+// ErrLost) if the lease is lost, and releases the lease when fn returns or
+// panics, even if ctx was cancelled meanwhile: the release runs with a
+// fresh context bounded by WithReleaseTimeout (default 5s). A panic in fn
+// is re-raised after the release. Do returns the Acquire error, or fn's
+// error joined with the release error; a lease lost while fn ran makes the
+// result match ErrLost even when fn returned nil.
+func (c *Client) Do(ctx context.Context, key string, fn func(ctx context.Context, l *Lease) error, opts ...Option) (err error) {
+	if fn == nil {
+		return wrapOp("do", key, fmt.Errorf("%w: nil function", ErrInvalidOption))
+	}
+	l, err := c.Acquire(ctx, key, opts...)
+	if err != nil {
+		return err
+	}
+	work, cancel := l.Context(ctx)
+	defer func() {
+		cancel()
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), c.releaseTimeout(opts))
+		defer rcancel()
+		err = errors.Join(err, l.Release(rctx))
+	}()
+	return fn(work, l)
+}
+
+func (c *Client) releaseTimeout(opts []Option) time.Duration {
+	cfg := c.cfg
+	if cfg.apply(opts) != nil {
+		return c.cfg.releaseTimeout
+	}
+	return cfg.releaseTimeout
+}
+
+// Close releases every lease still held (each bounded by the release
+// timeout), stops the watchdog and closes the backend's own resources
+// (not clients passed to the backend by the caller). Calls after Close
+// fail with ErrClosed. Close returns the errors of releases that failed
+// for a reason other than the lease being lost.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	held := make([]*Lease, 0, len(c.leases))
+	for l := range c.leases {
+		held = append(held, l)
+	}
+	c.mu.Unlock()
+
+	var errs []error
+	for _, l := range held {
+		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.releaseTimeout)
+		if err := l.Release(ctx); err != nil && !errors.Is(err, ErrLost) && !errors.Is(err, ErrReleased) && !errors.Is(err, ErrNotHeld) {
+			errs = append(errs, err)
+		}
+		cancel()
+	}
+	c.kick()
+	c.wg.Wait()
+	if c.b != nil {
+		if err := c.b.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ValidateKey reports whether key can name a lock: 1 to MaxKeyLen bytes.
+func ValidateKey(key string) error {
+	if key == "" {
+		return fmt.Errorf("%w: empty key", ErrInvalidKey)
+	}
+	if len(key) > MaxKeyLen {
+		return fmt.Errorf("%w: key is %d bytes, the limit is %d", ErrInvalidKey, len(key), MaxKeyLen)
+	}
+	return nil
+}
+
+func (c *Client) acquire(ctx context.Context, key string, opts []Option, once bool) (*Lease, error) {
+	if c == nil {
+		return nil, fmt.Errorf("%w: nil Client", ErrInvalidOption)
+	}
+	if c.err != nil {
+		return nil, wrapOp("acquire", key, c.err)
+	}
+	if ctx == nil {
+		return nil, wrapOp("acquire", key, fmt.Errorf("%w: nil context", ErrInvalidOption))
+	}
+	if err := ValidateKey(key); err != nil {
+		return nil, wrapOp("acquire", shorten(key), err)
+	}
+	cfg := c.cfg
+	if err := cfg.apply(opts); err != nil {
+		return nil, wrapOp("acquire", key, err)
+	}
+	if once {
+		cfg.wait = NoWait()
+	}
+	if cfg.fifo && c.waiter == nil {
+		return nil, wrapOp("acquire", key, fmt.Errorf("%w: WithFIFO: backend %T has no server-side queue", ErrInvalidOption, c.b))
+	}
+	c.mu.Lock()
+	closed := c.closed
+	c.mu.Unlock()
+	if closed {
+		return nil, wrapOp("acquire", key, ErrClosed)
+	}
+
+	req := Request{Key: key, TTL: cfg.ttl, FIFO: cfg.fifo}
+	if cfg.owner != "" {
+		req.Token, req.Reentrant = cfg.owner, true
+		if err := c.checkReentry(key, cfg.owner); err != nil {
+			return nil, wrapOp("acquire", key, err)
+		}
+	} else {
+		req.Token = rand.Text()
+	}
+
+	if _, waits := cfg.wait.Delay(1); waits && c.waiter != nil {
+		l, err, fallback := c.acquireQueued(ctx, req, cfg)
+		if !fallback {
+			return l, err
+		}
+	}
+	return c.acquireLoop(ctx, req, cfg)
+}
+
+// acquireLoop tries, and between tries waits for a release notification,
+// the holder's remaining TTL or the strategy's delay, whichever is first.
+func (c *Client) acquireLoop(ctx context.Context, req Request, cfg config) (*Lease, error) {
+	var (
+		sub     <-chan struct{}
+		stopSub func()
+		timer   *time.Timer
+	)
+	defer func() {
+		if stopSub != nil {
+			stopSub()
+		}
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for attempt := 1; ; attempt++ {
+		invoke := time.Now()
+		g, err := c.b.TryAcquire(ctx, req)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, &AcquireError{Key: req.Key, Attempts: attempt, Cause: context.Cause(ctx)}
+			}
+			return nil, wrapOp("acquire", req.Key, err)
+		}
+		if g.OK {
+			return c.grant(ctx, req, g, invoke, cfg)
+		}
+		d, ok := cfg.wait.Delay(attempt)
+		if !ok {
+			return nil, &AcquireError{Key: req.Key, Attempts: attempt}
+		}
+		if c.notifier != nil {
+			if sub == nil {
+				// Subscribe, then retry at once: a release between the failed
+				// attempt and the subscription would otherwise be missed.
+				sub, stopSub, err = c.notifier.Subscribe(ctx, req.Key)
+				if err != nil {
+					if ctx.Err() != nil {
+						return nil, &AcquireError{Key: req.Key, Attempts: attempt, Cause: context.Cause(ctx)}
+					}
+					return nil, wrapOp("acquire", req.Key, err)
+				}
+				continue
+			}
+			if g.HolderTTL > 0 {
+				d = min(d, g.HolderTTL)
+			}
+		}
+		if timer == nil {
+			timer = time.NewTimer(d)
+		} else {
+			timer.Reset(d)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, &AcquireError{Key: req.Key, Attempts: attempt, Cause: context.Cause(ctx)}
+		case <-sub:
+		case <-timer.C:
+		}
+	}
+}
+
+// acquireQueued waits in the backend's server-side queue, bounded by the
+// strategy's patience. fallback reports that the backend offers no queue
+// for this request (non-FIFO Redis) and the retry loop must be used.
+func (c *Client) acquireQueued(ctx context.Context, req Request, cfg config) (l *Lease, err error, fallback bool) {
+	wctx := ctx
+	if p, finite := patience(cfg.wait); finite {
+		var cancel context.CancelFunc
+		wctx, cancel = context.WithTimeout(ctx, p)
+		defer cancel()
+	}
+	invoke := time.Now()
+	g, err := c.waiter.Wait(wctx, req)
+	if errors.Is(err, errors.ErrUnsupported) && !req.FIFO {
+		return nil, nil, true
+	}
+	switch {
+	case err == nil && g.OK:
+		l, err := c.grant(ctx, req, g, invoke, cfg)
+		return l, err, false
+	case ctx.Err() != nil:
+		return nil, &AcquireError{Key: req.Key, Attempts: 1, Cause: context.Cause(ctx)}, false
+	case wctx.Err() != nil || err == nil:
+		return nil, &AcquireError{Key: req.Key, Attempts: 1}, false
+	default:
+		return nil, wrapOp("acquire", req.Key, err), false
+	}
+}
+
+// grant turns a successful attempt into a tracked Lease.
+func (c *Client) grant(ctx context.Context, req Request, g Grant, invoke time.Time, cfg config) (*Lease, error) {
+	req.Fence = g.Fence
+	l := &Lease{
+		c:         c,
+		req:       req,
+		count:     max(g.Count, 1),
+		created:   invoke,
+		ttl:       req.TTL,
+		expires:   invoke.Add(req.TTL - drift(req.TTL)),
+		done:      make(chan struct{}),
+		cancels:   make(map[uint64]context.CancelCauseFunc),
+		autoRenew: cfg.autoRenew,
+		onLost:    cfg.onLost,
+		renewIdx:  -1,
+		expIdx:    -1,
+	}
+	if req.Reentrant {
+		if err := c.checkRegrant(l); err != nil {
+			return nil, err
+		}
+	}
+	if !time.Now().Before(l.expires) {
+		// The grant took longer than the lease's validity: it may already
+		// have expired on the server. Give it back and report it.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.releaseTimeout)
+		_ = c.b.Release(rctx, req)
+		cancel()
+		return nil, wrapOp("acquire", req.Key, fmt.Errorf("%w: the grant took longer than the TTL %v", ErrNotAcquired, req.TTL))
+	}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.releaseTimeout)
+		_ = c.b.Release(rctx, req)
+		cancel()
+		return nil, wrapOp("acquire", req.Key, ErrClosed)
+	}
+	c.leases[l] = struct{}{}
+	if req.Reentrant {
+		k := ownerKey{req.Key, req.Token}
+		c.owned[k] = append(c.owned[k], l)
+	}
+	c.track(l)
+	c.mu.Unlock()
+	if c.loss != nil {
+		stop := c.loss.NotifyLoss(req, l.lose)
+		l.mu.Lock()
+		if l.err == nil {
+			l.stopLoss = stop
+			stop = nil
+		}
+		l.mu.Unlock()
+		if stop != nil {
+			stop()
+		}
+	}
+	return l, nil
+}
+
+// checkReentry refuses to re-enter a lock whose earlier hold by the same
+// owner in this Client was lost: re-entering would silently re-acquire.
+func (c *Client) checkReentry(key, owner string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, l := range c.owned[ownerKey{key, owner}] {
+		if err := l.Err(); err != nil && errors.Is(err, ErrLost) {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkRegrant detects a first-count grant while this Client still has a
+// live hold of the same key by the same owner: the server forgot the
+// earlier hold (it expired), so those holds are lost and this one is
+// given back.
+func (c *Client) checkRegrant(l *Lease) error {
+	if l.count > 1 {
+		return nil
+	}
+	c.mu.Lock()
+	earlier := append([]*Lease(nil), c.owned[ownerKey{l.req.Key, l.req.Token}]...)
+	c.mu.Unlock()
+	if len(earlier) == 0 {
+		return nil
+	}
+	cause := fmt.Errorf("%w: the server no longer held the earlier reentrant hold", ErrLost)
+	for _, e := range earlier {
+		e.lose(cause)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.releaseTimeout)
+	_ = c.b.Release(ctx, l.req)
+	cancel()
+	return wrapOp("acquire", l.req.Key, cause)
+}
+
+// forget drops an ended lease from the Client's bookkeeping. A lost
+// reentrant lease stays listed under its owner until it is released, so
+// that re-entry reports the loss instead of silently re-acquiring.
+func (c *Client) forget(l *Lease, keepOwned bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.leases, l)
+	if l.req.Reentrant && !keepOwned {
+		k := ownerKey{l.req.Key, l.req.Token}
+		list := c.owned[k]
+		for i, e := range list {
+			if e == l {
+				list = append(list[:i], list[i+1:]...)
+				break
+			}
+		}
+		if len(list) == 0 {
+			delete(c.owned, k)
+		} else {
+			c.owned[k] = list
+		}
+	}
+	c.renew.remove(l)
+	c.expiry.remove(l)
+	c.kickLocked() // lets the watchdog exit when nothing is left
+}
+
+// shorten keeps error messages readable for oversized keys.
+func shorten(key string) string {
+	if len(key) <= 64 {
+		return key
+	}
+	return key[:61] + "..."
+}

@@ -1,0 +1,329 @@
+package dlock_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/memlock"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestStrategies(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		s       dlock.WaitStrategy
+		attempt int
+		max     time.Duration
+		ok      bool
+	}{
+		{"NoWait", dlock.NoWait(), 1, 0, false},
+		{"Constant", dlock.Constant(5 * time.Millisecond), 7, 5 * time.Millisecond, true},
+		{"Exponential1", dlock.Exponential(time.Millisecond, time.Second), 1, time.Millisecond, true},
+		{"Exponential4", dlock.Exponential(time.Millisecond, time.Second), 4, 8 * time.Millisecond, true},
+		{"ExponentialCapped", dlock.Exponential(time.Millisecond, 20*time.Millisecond), 40, 20 * time.Millisecond, true},
+		{"LimitWithin", dlock.Limit(3, dlock.Constant(time.Millisecond)), 2, time.Millisecond, true},
+		{"LimitExhausted", dlock.Limit(3, dlock.Constant(time.Millisecond)), 3, 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for i := 0; i < 200; i++ {
+				d, ok := tc.s.Delay(tc.attempt)
+				if ok != tc.ok {
+					t.Fatalf("Delay(%d) ok: got %v, want %v", tc.attempt, ok, tc.ok)
+				}
+				if d < 0 || d > tc.max || (ok && d == 0) {
+					t.Fatalf("Delay(%d): got %v, want in (0, %v]", tc.attempt, d, tc.max)
+				}
+			}
+		})
+	}
+}
+
+// TestExponentialJitter checks that full jitter spreads delays over the
+// whole interval rather than returning the ceiling.
+func TestExponentialJitter(t *testing.T) {
+	s := dlock.Exponential(time.Millisecond, time.Second)
+	var low, high int
+	for i := 0; i < 1000; i++ {
+		d, _ := s.Delay(5) // ceiling 16ms
+		if d < 4*time.Millisecond {
+			low++
+		}
+		if d > 12*time.Millisecond {
+			high++
+		}
+	}
+	if low < 150 || high < 150 {
+		t.Fatalf("jitter not uniform over [0,16ms]: %d below 4ms, %d above 12ms of 1000", low, high)
+	}
+}
+
+func TestInvalidOptions(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		c    *dlock.Client
+		want error
+	}{
+		{"NilBackend", dlock.New(nil), dlock.ErrInvalidOption},
+		{"TTL", dlock.New(memlock.New(), dlock.WithTTL(0)), dlock.ErrInvalidTTL},
+		{"ConstantZero", dlock.New(memlock.New(), dlock.WithWait(dlock.Constant(0))), dlock.ErrInvalidOption},
+		{"ExponentialInverted", dlock.New(memlock.New(), dlock.WithWait(dlock.Exponential(time.Second, time.Millisecond))), dlock.ErrInvalidOption},
+		{"LimitZero", dlock.New(memlock.New(), dlock.WithWait(dlock.Limit(0, dlock.NoWait()))), dlock.ErrInvalidOption},
+		{"ReleaseTimeout", dlock.New(memlock.New(), dlock.WithReleaseTimeout(-1)), dlock.ErrInvalidOption},
+		{"NilOption", dlock.New(memlock.New(), nil), dlock.ErrInvalidOption},
+		{"NilOnLost", dlock.New(memlock.New(), dlock.WithOnLost(nil)), dlock.ErrInvalidOption},
+		{"LongOwner", dlock.New(memlock.New(), dlock.WithOwner(strings.Repeat("o", dlock.MaxKeyLen+1))), dlock.ErrInvalidOption},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := tc.c.Err(); !errors.Is(err, tc.want) {
+				t.Fatalf("Err: got %v, want %v", err, tc.want)
+			}
+			_, err := tc.c.Acquire(context.Background(), "k")
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("Acquire: got %v, want %v", err, tc.want)
+			}
+			if !strings.HasPrefix(err.Error(), "dlock: ") {
+				t.Fatalf("error %q does not start with \"dlock: \"", err)
+			}
+		})
+	}
+}
+
+func TestAcquireErrorMessages(t *testing.T) {
+	c := dlock.New(memlock.New(), dlock.WithWait(dlock.Limit(3, dlock.Constant(time.Millisecond))))
+	ctx := context.Background()
+	l, err := c.Acquire(ctx, "busy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(ctx)
+	_, err = c.Acquire(ctx, "busy")
+	var ae *dlock.AcquireError
+	if !errors.As(err, &ae) || ae.Attempts != 3 || ae.Cause != nil {
+		t.Fatalf("gave up: got %#v, want AcquireError with 3 attempts and no cause", err)
+	}
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		t.Fatalf("gave up: %v must not match a context error", err)
+	}
+	want := `dlock: lock "busy" not acquired after 3 attempts: held by another owner, wait strategy gave up`
+	if err.Error() != want {
+		t.Fatalf("message: got %q, want %q", err, want)
+	}
+}
+
+func TestFIFOUnsupported(t *testing.T) {
+	c := dlock.New(noQueue{memlock.New()}, dlock.WithFIFO())
+	_, err := c.Acquire(context.Background(), "k")
+	if !errors.Is(err, dlock.ErrInvalidOption) {
+		t.Fatalf("WithFIFO on a backend without a queue: got %v, want ErrInvalidOption", err)
+	}
+}
+
+// noQueue hides memlock's optional capabilities, leaving the bare Backend.
+type noQueue struct{ dlock.Backend }
+
+// counting wraps memlock and counts calls, to check how the watchdog
+// batches renewals.
+type counting struct {
+	*memlock.Backend
+	batches, refreshes, renewed atomic.Int64
+}
+
+func (c *counting) Refresh(ctx context.Context, r dlock.Request) error {
+	c.refreshes.Add(1)
+	c.renewed.Add(1)
+	return c.Backend.Refresh(ctx, r)
+}
+
+func (c *counting) RefreshMany(ctx context.Context, rs []dlock.Request) []error {
+	c.batches.Add(1)
+	c.renewed.Add(int64(len(rs)))
+	return c.Backend.RefreshMany(ctx, rs)
+}
+
+// TestWatchdogBatches holds many leases and checks that renewals are
+// batched: far fewer calls than leases renewed.
+func TestWatchdogBatches(t *testing.T) {
+	b := &counting{Backend: memlock.New()}
+	const n, ttl = 500, 150 * time.Millisecond
+	c := dlock.New(b, dlock.WithTTL(ttl))
+	defer c.Close()
+	ctx := context.Background()
+	leases := make([]*dlock.Lease, n)
+	for i := range leases {
+		l, err := c.Acquire(ctx, "batch-"+strings.Repeat("x", i%7)+string(rune('a'+i%26))+string(rune('A'+i/26)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases[i] = l
+	}
+	time.Sleep(5 * ttl)
+	for _, l := range leases {
+		if err := l.Err(); err != nil {
+			t.Fatalf("lease %s lost: %v", l.Key(), err)
+		}
+	}
+	renewed, calls := b.renewed.Load(), b.batches.Load()+b.refreshes.Load()
+	t.Logf("%d renewals in %d calls over 5×TTL", renewed, calls)
+	if renewed < int64(n)*10 {
+		t.Fatalf("renewals: got %d, want ≥ %d (every lease about every TTL/3)", renewed, n*10)
+	}
+	if calls*50 > renewed {
+		t.Fatalf("calls: got %d for %d renewals, want batches of ≥ 50 on average", calls, renewed)
+	}
+}
+
+// TestLostOnTakeover deletes the lock behind the holder's back (another
+// connection releasing with the holder's token): the next renewal finds
+// it gone and reports the lease lost at once.
+func TestLostOnTakeover(t *testing.T) {
+	store := memlock.NewStore()
+	ttl := 300 * time.Millisecond
+	var lostCause atomic.Value
+	c := dlock.New(store.Backend(), dlock.WithTTL(ttl), dlock.WithOnLost(func(_ *dlock.Lease, err error) { lostCause.Store(err) }))
+	defer c.Close()
+	ctx := context.Background()
+	l, err := c.Acquire(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	work, cancel := l.Context(ctx)
+	defer cancel()
+	if err := store.Backend().Release(ctx, dlock.Request{Key: "k", Token: l.Owner()}); err != nil {
+		t.Fatal(err)
+	}
+	other, err := dlock.New(store.Backend()).TryAcquire(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Release(ctx)
+	select {
+	case <-l.Done():
+	case <-time.After(ttl):
+		t.Fatal("lease not reported lost after its renewal found another holder")
+	}
+	if !errors.Is(l.Err(), dlock.ErrLost) || !errors.Is(l.Err(), dlock.ErrNotHeld) {
+		t.Fatalf("Err: got %v, want ErrLost and ErrNotHeld", l.Err())
+	}
+	if !errors.Is(context.Cause(work), dlock.ErrLost) {
+		t.Fatalf("Context cause: got %v, want ErrLost", context.Cause(work))
+	}
+	if err := l.Release(ctx); !errors.Is(err, dlock.ErrLost) {
+		t.Fatalf("Release of lost lease: got %v, want ErrLost", err)
+	}
+	if other.Err() != nil {
+		t.Fatalf("new holder disturbed: %v", other.Err())
+	}
+	deadline := time.Now().Add(time.Second)
+	for lostCause.Load() == nil && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if err, _ := lostCause.Load().(error); !errors.Is(err, dlock.ErrLost) {
+		t.Fatalf("OnLost cause: got %v, want ErrLost", err)
+	}
+}
+
+// TestReentryAfterLoss: a reentrant owner whose hold was lost must get
+// ErrLost, not a silent fresh lock.
+func TestReentryAfterLoss(t *testing.T) {
+	store := memlock.NewStore()
+	c := dlock.New(store.Backend(), dlock.WithOwner("job-7"), dlock.WithTTL(50*time.Millisecond), dlock.WithAutoRenew(false))
+	defer c.Close()
+	ctx := context.Background()
+	l, err := c.Acquire(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-l.Done()
+	if _, err := c.Acquire(ctx, "k"); !errors.Is(err, dlock.ErrLost) {
+		t.Fatalf("re-entry after loss: got %v, want ErrLost", err)
+	}
+	l.Release(ctx)
+	l2, err := c.Acquire(ctx, "k") // after the lost lease is released, a fresh hold is fine
+	if err != nil {
+		t.Fatalf("acquire after releasing the lost lease: %v", err)
+	}
+	l2.Release(ctx)
+}
+
+func TestCloseReleases(t *testing.T) {
+	store := memlock.NewStore()
+	c := dlock.New(store.Backend())
+	ctx := context.Background()
+	l, err := c.Acquire(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(l.Err(), dlock.ErrReleased) {
+		t.Fatalf("lease after Close: got %v, want ErrReleased", l.Err())
+	}
+	if _, err := c.Acquire(ctx, "k"); !errors.Is(err, dlock.ErrClosed) {
+		t.Fatalf("Acquire after Close: got %v, want ErrClosed", err)
+	}
+	l2, err := dlock.New(store.Backend()).TryAcquire(ctx, "k")
+	if err != nil {
+		t.Fatalf("lock not released by Close: %v", err)
+	}
+	l2.Release(ctx)
+}
+
+func TestLeaseConcurrentUse(t *testing.T) {
+	c := dlock.New(memlock.New(), dlock.WithTTL(50*time.Millisecond))
+	defer c.Close()
+	ctx := context.Background()
+	l, err := c.Acquire(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var released atomic.Int32
+	for i := 0; i < 8; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := 0; j < 50; j++ {
+				_ = l.Expires()
+				_ = l.Err()
+				_ = l.Refresh(ctx, 0)
+				cctx, cancel := l.Context(ctx)
+				_ = cctx
+				cancel()
+			}
+			if l.Release(ctx) == nil {
+				released.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if released.Load() != 1 {
+		t.Fatalf("successful concurrent Releases: got %d, want 1", released.Load())
+	}
+}
+
+func TestExpiresBound(t *testing.T) {
+	c := dlock.New(memlock.New(), dlock.WithTTL(time.Second))
+	defer c.Close()
+	before := time.Now()
+	l, err := c.Acquire(context.Background(), "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(context.Background())
+	// invoke ≥ before, so Expires ≤ invoke + TTL − drift must hold for
+	// some invoke in [before, now].
+	latest := time.Now().Add(time.Second - 12*time.Millisecond)
+	if l.Expires().After(latest) || l.Expires().Before(before.Add(900*time.Millisecond)) {
+		t.Fatalf("Expires: got +%v, want ≤ invoke + TTL − drift (+%v at most)", l.Expires().Sub(before), latest.Sub(before))
+	}
+}

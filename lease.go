@@ -1,0 +1,255 @@
+package dlock
+
+import (
+	"container/heap"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// A Lease is one hold of a lock, returned by Acquire, TryAcquire and Do.
+// All methods are safe for concurrent use. Accessors never make a network
+// call; Refresh and Release do.
+//
+// A lease ends exactly once: by Release (Err then returns ErrReleased), or
+// by loss (Err then returns an error matching ErrLost). Done closes and
+// every Context derived from the lease is cancelled when it ends.
+type Lease struct {
+	c       *Client
+	req     Request // Key, Token, Reentrant, FIFO, Fence; TTL is guarded by mu
+	count   int
+	created time.Time
+
+	mu        sync.Mutex
+	ttl       time.Duration
+	expires   time.Time
+	err       error // nil while held
+	releasing bool
+	done      chan struct{}
+	cancels   map[uint64]context.CancelCauseFunc
+	nextID    uint64
+	stopLoss  func()
+	onLost    func(*Lease, error)
+
+	// watchdog bookkeeping, guarded by c.mu
+	autoRenew bool
+	next      time.Time // next renewal (autoRenew) — in c.renew
+	expAt     time.Time // expiry (!autoRenew) — in c.expiry
+	renewIdx  int       // index in c.renew, -1 when absent
+	expIdx    int       // index in c.expiry, -1 when absent
+	inflight  bool
+}
+
+// Key returns the lock's key as given to Acquire.
+func (l *Lease) Key() string { return l.req.Key }
+
+// Owner returns the owner token: the WithOwner id, or the random token
+// generated for this lease.
+func (l *Lease) Owner() string { return l.req.Token }
+
+// Fence returns the fencing token: strictly greater than the fence of any
+// earlier grant of the same key (nested reentrant acquisitions share their
+// fence). Pass it to the resource you protect and have the resource reject
+// a write whose fence is lower than one it has seen (package fence).
+func (l *Lease) Fence() uint64 { return l.req.Fence }
+
+// Count returns the reentrant hold count when this lease was granted: 1
+// for a first acquisition, n for the n-th nested one.
+func (l *Lease) Count() int { return l.count }
+
+// TTL returns the lifetime the lease is renewed to.
+func (l *Lease) TTL() time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.ttl
+}
+
+// Expires returns a conservative local deadline of the lease: the invoke
+// time of the last successful acquire or renewal plus TTL minus the
+// allowed clock drift (TTL/100 + min(2ms, TTL/4)). The server holds the
+// lock at least until then, unless something outside dlock deletes it.
+func (l *Lease) Expires() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.expires
+}
+
+// Done returns a channel that is closed when the lease ends, by Release
+// or by loss. Err tells which.
+func (l *Lease) Done() <-chan struct{} { return l.done }
+
+// Err returns nil while the lease is held, an error matching ErrReleased
+// after Release, or an error matching ErrLost once the lease was lost.
+func (l *Lease) Err() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.err
+}
+
+// Context returns a copy of parent that is cancelled when the lease ends;
+// after a loss context.Cause returns an error matching ErrLost, after a
+// release one matching ErrReleased. Call cancel when the work is done to
+// free the registration. Context starts no goroutine.
+func (l *Lease) Context(parent context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(parent)
+	l.mu.Lock()
+	if l.err != nil {
+		err := l.err
+		l.mu.Unlock()
+		cancel(err)
+		return ctx, func() { cancel(context.Canceled) }
+	}
+	id := l.nextID
+	l.nextID++
+	l.cancels[id] = cancel
+	l.mu.Unlock()
+	return ctx, func() {
+		l.mu.Lock()
+		delete(l.cancels, id)
+		l.mu.Unlock()
+		cancel(context.Canceled)
+	}
+}
+
+// Refresh extends the lease to ttl from now (ttl 0 means the lease's
+// current TTL) and makes ttl the lease's TTL for later renewals. It
+// returns an error matching ErrReleased or ErrLost if the lease already
+// ended, and one matching ErrNotHeld (the lease is then lost) if the
+// server no longer holds it for this owner. On any other error (the
+// server did not answer) the lease is unchanged.
+func (l *Lease) Refresh(ctx context.Context, ttl time.Duration) error {
+	if ctx == nil {
+		return wrapOp("refresh", l.req.Key, fmt.Errorf("%w: nil context", ErrInvalidOption))
+	}
+	l.mu.Lock()
+	if ttl == 0 {
+		ttl = l.ttl
+	}
+	err := l.err
+	l.mu.Unlock()
+	if ttl < MinTTL {
+		return wrapOp("refresh", l.req.Key, fmt.Errorf("%w: %v is below the minimum %v", ErrInvalidTTL, ttl, MinTTL))
+	}
+	if err != nil {
+		return wrapOp("refresh", l.req.Key, err)
+	}
+	r := l.req
+	r.TTL = ttl
+	invoke := time.Now()
+	err = l.c.b.Refresh(ctx, r)
+	switch {
+	case errors.Is(err, ErrNotHeld):
+		l.lose(err)
+		return wrapOp("refresh", l.req.Key, err)
+	case err != nil:
+		return wrapOp("refresh", l.req.Key, err)
+	}
+	exp := invoke.Add(ttl - drift(ttl))
+	l.c.mu.Lock()
+	l.mu.Lock()
+	if l.err == nil {
+		l.ttl = ttl
+		l.expires = exp
+		if l.expIdx >= 0 {
+			l.expAt = exp
+			heap.Fix(&l.c.expiry, l.expIdx)
+			l.c.kickLocked()
+		}
+	}
+	l.mu.Unlock()
+	l.c.mu.Unlock()
+	return nil
+}
+
+// Release gives the lock up (one hold of it, for a reentrant lease) and
+// ends the lease: Done closes and its contexts are cancelled. It returns
+// nil on success; an error matching ErrReleased if the lease was already
+// released; an error matching ErrLost if the lease had been lost (the
+// work done under it may have overlapped another holder); an error
+// matching ErrNotHeld if the server no longer held it for this owner (it
+// expired and may have been taken over; the new holder is untouched). On
+// a network error the lease still ends and stops being renewed: the lock
+// expires by itself by Expires.
+func (l *Lease) Release(ctx context.Context) error {
+	if ctx == nil {
+		return wrapOp("release", l.req.Key, fmt.Errorf("%w: nil context", ErrInvalidOption))
+	}
+	l.mu.Lock()
+	if l.releasing {
+		l.mu.Unlock()
+		return wrapOp("release", l.req.Key, ErrReleased)
+	}
+	l.releasing = true
+	lostErr := l.err
+	l.mu.Unlock()
+
+	if lostErr != nil {
+		// Lost while we held it. Clean up on the server in case the loss was
+		// local only (renewals timed out); the token comparison makes this
+		// harmless if someone else holds the lock now.
+		if !errors.Is(lostErr, ErrNotHeld) {
+			_ = l.c.b.Release(ctx, l.request())
+		}
+		l.c.forget(l, false)
+		return wrapOp("release", l.req.Key, lostErr)
+	}
+	err := l.c.b.Release(ctx, l.request())
+	if errors.Is(err, ErrNotHeld) {
+		l.end(fmt.Errorf("%w: %w", ErrLost, err), true)
+		return wrapOp("release", l.req.Key, err)
+	}
+	l.end(ErrReleased, false)
+	return wrapOp("release", l.req.Key, err)
+}
+
+func (l *Lease) request() Request {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	r := l.req
+	r.TTL = l.ttl
+	return r
+}
+
+// lose ends the lease as lost with cause.
+func (l *Lease) lose(cause error) {
+	if !errors.Is(cause, ErrLost) {
+		cause = fmt.Errorf("%w: %w", ErrLost, cause)
+	}
+	l.end(cause, true)
+}
+
+// end ends the lease once with err; later calls do nothing.
+func (l *Lease) end(err error, lost bool) bool {
+	l.mu.Lock()
+	if l.err != nil {
+		l.mu.Unlock()
+		return false
+	}
+	l.err = err
+	close(l.done)
+	cancels := l.cancels
+	l.cancels = nil
+	stop := l.stopLoss
+	l.stopLoss = nil
+	l.mu.Unlock()
+
+	for _, cancel := range cancels {
+		cancel(err)
+	}
+	if stop != nil {
+		stop()
+	}
+	l.c.forget(l, lost)
+	if lost && l.onLost != nil {
+		go l.onLost(l, err)
+	}
+	return true
+}
+
+// drift is the clock drift allowed for a lease of ttl:
+// TTL/100 + min(2ms, TTL/4).
+func drift(ttl time.Duration) time.Duration {
+	return ttl/100 + min(2*time.Millisecond, ttl/4)
+}

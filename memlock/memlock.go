@@ -1,0 +1,353 @@
+// Package memlock is an in-process dlock backend: the same semantics as
+// the server backends (TTL, owner tokens, fencing, reentrancy, release
+// notifications, FIFO queue) for single-process programs, examples and
+// tests. Locks live in a Store; every Backend of one Store sees the same
+// locks, like several connections to one server.
+//
+// Fences come from one counter per Store, so they strictly increase per
+// key (and across keys) for the life of the Store.
+package memlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/dlock-go/dlock"
+)
+
+// Store is an in-memory lock table shared by its Backends. The zero value
+// is not usable; call NewStore.
+type Store struct {
+	mu     sync.Mutex
+	locks  map[string]*entry
+	fence  uint64
+	subs   map[string]map[chan struct{}]struct{}
+	queues map[string][]*waiter
+	paused chan struct{} // non-nil while paused; closed by Resume
+}
+
+type entry struct {
+	token   string
+	count   int
+	fence   uint64
+	expires time.Time
+}
+
+type waiter struct {
+	token string
+	ready chan struct{} // closed when this waiter is at the head
+}
+
+// NewStore returns an empty Store.
+func NewStore() *Store {
+	return &Store{
+		locks:  make(map[string]*entry),
+		subs:   make(map[string]map[chan struct{}]struct{}),
+		queues: make(map[string][]*waiter),
+	}
+}
+
+// Pause makes the Store stop answering, like a frozen server: every call
+// blocks until Resume or until its context ends (then it returns the
+// context's error). Time keeps running, so leases expire meanwhile. For
+// fault tests.
+func (s *Store) Pause() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.paused == nil {
+		s.paused = make(chan struct{})
+	}
+}
+
+// Resume undoes Pause.
+func (s *Store) Resume() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.paused != nil {
+		close(s.paused)
+		s.paused = nil
+	}
+}
+
+// Backend returns a new connection to the Store.
+func (s *Store) Backend() *Backend { return &Backend{s: s} }
+
+// Backend is a dlock.Backend on a Store. Create it with New or
+// Store.Backend. It implements dlock.Backend, dlock.BatchRefresher,
+// dlock.Notifier and dlock.Waiter.
+type Backend struct {
+	s      *Store
+	mu     sync.Mutex
+	closed bool
+}
+
+// New returns a Backend on a new, private Store.
+func New() *Backend { return NewStore().Backend() }
+
+// Store returns the Store the Backend is connected to.
+func (b *Backend) Store() *Store { return b.s }
+
+var errClosed = fmt.Errorf("memlock: %w", dlock.ErrClosed)
+
+// enter waits while the store is paused and returns with s.mu held.
+func (b *Backend) enter(ctx context.Context) error {
+	b.mu.Lock()
+	closed := b.closed
+	b.mu.Unlock()
+	if closed {
+		return errClosed
+	}
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		b.s.mu.Lock()
+		p := b.s.paused
+		if p == nil {
+			return nil
+		}
+		b.s.mu.Unlock()
+		select {
+		case <-p:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// live returns the unexpired entry for key, deleting an expired one.
+func (s *Store) live(key string, now time.Time) *entry {
+	e := s.locks[key]
+	if e != nil && !now.Before(e.expires) {
+		delete(s.locks, key)
+		s.promote(key)
+		return nil
+	}
+	return e
+}
+
+// TryAcquire implements dlock.Backend.
+func (b *Backend) TryAcquire(ctx context.Context, r dlock.Request) (dlock.Grant, error) {
+	if err := b.enter(ctx); err != nil {
+		return dlock.Grant{}, err
+	}
+	defer b.s.mu.Unlock()
+	return b.s.tryLocked(r, time.Now(), false), nil
+}
+
+// tryLocked takes the lock if it is free (and, unless head, nobody is
+// queued) or re-entered.
+func (s *Store) tryLocked(r dlock.Request, now time.Time, head bool) dlock.Grant {
+	e := s.live(r.Key, now)
+	if e != nil {
+		if r.Reentrant && e.token == r.Token {
+			e.count++
+			e.expires = now.Add(r.TTL)
+			return dlock.Grant{OK: true, Fence: e.fence, Count: e.count}
+		}
+		return dlock.Grant{HolderTTL: e.expires.Sub(now)}
+	}
+	if !head && len(s.queues[r.Key]) > 0 {
+		// Queued waiters go first; the holder's TTL is unknown (no holder).
+		return dlock.Grant{}
+	}
+	s.fence++
+	s.locks[r.Key] = &entry{token: r.Token, count: 1, fence: s.fence, expires: now.Add(r.TTL)}
+	return dlock.Grant{OK: true, Fence: s.fence, Count: 1}
+}
+
+// Refresh implements dlock.Backend.
+func (b *Backend) Refresh(ctx context.Context, r dlock.Request) error {
+	if err := b.enter(ctx); err != nil {
+		return err
+	}
+	defer b.s.mu.Unlock()
+	return b.s.refreshLocked(r, time.Now())
+}
+
+func (s *Store) refreshLocked(r dlock.Request, now time.Time) error {
+	e := s.live(r.Key, now)
+	if e == nil || e.token != r.Token {
+		return dlock.ErrNotHeld
+	}
+	e.expires = now.Add(r.TTL)
+	return nil
+}
+
+// RefreshMany implements dlock.BatchRefresher.
+func (b *Backend) RefreshMany(ctx context.Context, rs []dlock.Request) []error {
+	errs := make([]error, len(rs))
+	if err := b.enter(ctx); err != nil {
+		for i := range errs {
+			errs[i] = err
+		}
+		return errs
+	}
+	defer b.s.mu.Unlock()
+	now := time.Now()
+	for i, r := range rs {
+		errs[i] = b.s.refreshLocked(r, now)
+	}
+	return errs
+}
+
+// Release implements dlock.Backend. The last release of a lock notifies
+// subscribers and wakes the head of the queue.
+func (b *Backend) Release(ctx context.Context, r dlock.Request) error {
+	if err := b.enter(ctx); err != nil {
+		return err
+	}
+	defer b.s.mu.Unlock()
+	e := b.s.live(r.Key, time.Now())
+	if e == nil || e.token != r.Token {
+		return dlock.ErrNotHeld
+	}
+	if e.count--; e.count > 0 {
+		return nil
+	}
+	delete(b.s.locks, r.Key)
+	for ch := range b.s.subs[r.Key] {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+	b.s.promote(r.Key)
+	return nil
+}
+
+// promote tells the head of key's queue that it may take the lock.
+func (s *Store) promote(key string) {
+	if q := s.queues[key]; len(q) > 0 {
+		select {
+		case <-q[0].ready:
+		default:
+			close(q[0].ready)
+		}
+	}
+}
+
+// Subscribe implements dlock.Notifier.
+func (b *Backend) Subscribe(ctx context.Context, key string) (<-chan struct{}, func(), error) {
+	if err := b.enter(ctx); err != nil {
+		return nil, nil, err
+	}
+	defer b.s.mu.Unlock()
+	ch := make(chan struct{}, 1)
+	m := b.s.subs[key]
+	if m == nil {
+		m = make(map[chan struct{}]struct{})
+		b.s.subs[key] = m
+	}
+	m[ch] = struct{}{}
+	return ch, func() {
+		b.s.mu.Lock()
+		defer b.s.mu.Unlock()
+		delete(b.s.subs[key], ch)
+		if len(b.s.subs[key]) == 0 {
+			delete(b.s.subs, key)
+		}
+	}, nil
+}
+
+// Wait implements dlock.Waiter: with r.FIFO, waiters are served strictly
+// in arrival order; without it, it returns errors.ErrUnsupported and the
+// Client waits on notifications instead.
+func (b *Backend) Wait(ctx context.Context, r dlock.Request) (dlock.Grant, error) {
+	if !r.FIFO {
+		return dlock.Grant{}, errors.ErrUnsupported
+	}
+	if err := b.enter(ctx); err != nil {
+		return dlock.Grant{}, err
+	}
+	if e := b.s.live(r.Key, time.Now()); e != nil && r.Reentrant && e.token == r.Token {
+		g := b.s.tryLocked(r, time.Now(), true)
+		b.s.mu.Unlock()
+		return g, nil
+	}
+	w := &waiter{token: r.Token, ready: make(chan struct{})}
+	b.s.queues[r.Key] = append(b.s.queues[r.Key], w)
+	b.s.mu.Unlock()
+
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for {
+		if err := b.enter(ctx); err != nil {
+			b.s.mu.Lock()
+			b.s.dequeue(r.Key, w)
+			b.s.mu.Unlock()
+			return dlock.Grant{}, err
+		}
+		var expire <-chan time.Time
+		if q := b.s.queues[r.Key]; q[0] == w {
+			g := b.s.tryLocked(r, time.Now(), true)
+			if g.OK {
+				b.s.dequeue(r.Key, w)
+				b.s.mu.Unlock()
+				return g, nil
+			}
+			// Held: try again at the holder's expiry (expiry notifies nobody).
+			if timer == nil {
+				timer = time.NewTimer(g.HolderTTL)
+			} else {
+				timer.Reset(g.HolderTTL)
+			}
+			expire = timer.C
+		}
+		select {
+		case <-w.ready:
+			w.ready = make(chan struct{})
+		default:
+		}
+		ready := w.ready
+		b.s.mu.Unlock()
+
+		select {
+		case <-ctx.Done():
+		case <-ready:
+		case <-expire:
+		}
+	}
+}
+
+// dequeue removes w from key's queue and wakes the new head, which
+// either takes the lock or waits for the holder's expiry. s.mu must be
+// held.
+func (s *Store) dequeue(key string, w *waiter) {
+	q := s.queues[key]
+	for i, x := range q {
+		if x == w {
+			q = append(q[:i], q[i+1:]...)
+			break
+		}
+	}
+	if len(q) == 0 {
+		delete(s.queues, key)
+		return
+	}
+	s.queues[key] = q
+	s.promote(key)
+}
+
+// Close closes this connection: later calls fail with dlock.ErrClosed.
+// Locks it holds stay until released by another connection or expired.
+func (b *Backend) Close() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.closed = true
+	return nil
+}
+
+// QueueLen returns the number of FIFO waiters queued on key.
+func (s *Store) QueueLen(key string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.queues[key])
+}

@@ -1,0 +1,157 @@
+package dlock
+
+import (
+	"fmt"
+	"time"
+)
+
+// Defaults used when no option overrides them.
+const (
+	// DefaultTTL is the lease lifetime: a holder that crashes keeps the lock
+	// at most this long. With auto-renew (the default) a live holder keeps
+	// the lock as long as it wants.
+	DefaultTTL = 30 * time.Second
+
+	// DefaultReleaseTimeout bounds the release that Do and Close perform
+	// with a fresh context.
+	DefaultReleaseTimeout = 5 * time.Second
+
+	// MinTTL is the smallest TTL any backend accepts.
+	MinTTL = time.Millisecond
+
+	// MaxKeyLen is the longest key accepted, in bytes.
+	MaxKeyLen = 1024
+)
+
+// DefaultWait is the wait strategy used when WithWait is not given:
+// Exponential(10ms, 1s). With notification wake-up this is only the
+// ceiling of each wait, not a polling interval.
+var DefaultWait = Exponential(10*time.Millisecond, time.Second)
+
+// An Option configures a Client (in New) or a single call (Acquire,
+// TryAcquire, Do). Invalid values are never corrected: New records the
+// error, Client.Err returns it and every call fails with it; a per-call
+// option with an invalid value fails that call.
+type Option func(*config) error
+
+type config struct {
+	ttl            time.Duration
+	wait           WaitStrategy
+	autoRenew      bool
+	owner          string
+	fifo           bool
+	releaseTimeout time.Duration
+	onLost         func(*Lease, error)
+}
+
+func defaultConfig() config {
+	return config{
+		ttl:            DefaultTTL,
+		wait:           DefaultWait,
+		autoRenew:      true,
+		releaseTimeout: DefaultReleaseTimeout,
+	}
+}
+
+func (c *config) apply(opts []Option) error {
+	for _, o := range opts {
+		if o == nil {
+			return fmt.Errorf("%w: nil Option", ErrInvalidOption)
+		}
+		if err := o(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// WithTTL sets the lease lifetime. Default DefaultTTL (30s). A TTL below
+// MinTTL (1ms) is an ErrInvalidTTL error. The watchdog renews every TTL/3.
+func WithTTL(ttl time.Duration) Option {
+	return func(c *config) error {
+		if ttl < MinTTL {
+			return fmt.Errorf("%w: %v is below the minimum %v", ErrInvalidTTL, ttl, MinTTL)
+		}
+		c.ttl = ttl
+		return nil
+	}
+}
+
+// WithWait sets how Acquire waits while the lock is held elsewhere.
+// Default DefaultWait (Exponential(10ms, 1s), until the context ends).
+// A nil or invalid strategy is an ErrInvalidOption error.
+func WithWait(s WaitStrategy) Option {
+	return func(c *config) error {
+		if !validStrategy(s) {
+			return fmt.Errorf("%w: invalid wait strategy %#v", ErrInvalidOption, s)
+		}
+		c.wait = s
+		return nil
+	}
+}
+
+// WithAutoRenew turns the watchdog on or off. Default on: the Client
+// renews every lease every TTL/3 until it is released, and reports it lost
+// (Lease.Done closes) when renewals fail until the lease could have
+// expired. Off: the lease simply ends at Expires; Done closes then, and
+// Err returns ErrLost.
+func WithAutoRenew(on bool) Option {
+	return func(c *config) error {
+		c.autoRenew = on
+		return nil
+	}
+}
+
+// WithOwner makes locks reentrant for the owner id: an Acquire of a key
+// that id already holds returns at once with the same fence and a higher
+// hold count, and only the last Release frees the lock. Go has no thread
+// identity, so the caller names the owner (a request id, a job id).
+// Default: no owner, every lease gets a random unique token and is not
+// reentrant. An empty id, or one longer than MaxKeyLen, is an
+// ErrInvalidOption error.
+func WithOwner(id string) Option {
+	return func(c *config) error {
+		if id == "" || len(id) > MaxKeyLen {
+			return fmt.Errorf("%w: owner id must be 1..%d bytes, got %d", ErrInvalidOption, MaxKeyLen, len(id))
+		}
+		c.owner = id
+		return nil
+	}
+}
+
+// WithFIFO asks for strict arrival order among waiters, served by a
+// server-side queue. Default off, except that backends whose only waiting
+// mode is a queue (etcd, ZooKeeper) are always FIFO. A backend without a
+// queue fails Acquire with ErrInvalidOption.
+func WithFIFO() Option {
+	return func(c *config) error {
+		c.fifo = true
+		return nil
+	}
+}
+
+// WithReleaseTimeout bounds the release that Do and Close perform with a
+// fresh context after the caller's context may have ended. Default
+// DefaultReleaseTimeout (5s). A value ≤ 0 is an ErrInvalidOption error.
+func WithReleaseTimeout(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: release timeout %v must be positive", ErrInvalidOption, d)
+		}
+		c.releaseTimeout = d
+		return nil
+	}
+}
+
+// WithOnLost registers fn to be called once for each lease that is lost
+// (never for a lease that is released), in addition to Lease.Done closing.
+// fn runs on its own goroutine and must not block for long. Default none.
+func WithOnLost(fn func(l *Lease, cause error)) Option {
+	return func(c *config) error {
+		if fn == nil {
+			return fmt.Errorf("%w: nil OnLost function", ErrInvalidOption)
+		}
+		c.onLost = fn
+		return nil
+	}
+}

@@ -1,0 +1,130 @@
+package dlock
+
+import (
+	"math/rand/v2"
+	"time"
+)
+
+// A WaitStrategy decides how long Acquire waits between attempts while the
+// lock is held by someone else, and when it gives up. Strategies are
+// stateless values: the attempt number is passed in, so one value can be
+// shared by any number of goroutines and calls.
+//
+// Delay is called after failed attempt number attempt (1 for the first
+// failure) and returns the longest time to wait before the next attempt,
+// or ok == false to give up. With a backend that notifies releases (all
+// dlock backends do), a release ends the wait early and the wait is also
+// bounded by the holder's remaining TTL, so the delay is a ceiling, not a
+// polling interval. With a backend that queues waiters server-side
+// (etcd, ZooKeeper, Redis in FIFO mode) the strategy only sets the
+// patience: the sum of its delays bounds the time spent in the queue.
+type WaitStrategy interface {
+	Delay(attempt int) (d time.Duration, ok bool)
+}
+
+// NoWait gives up after the first failed attempt: Acquire behaves like
+// TryAcquire.
+func NoWait() WaitStrategy { return noWait{} }
+
+type noWait struct{}
+
+func (noWait) Delay(int) (time.Duration, bool) { return 0, false }
+
+// Constant waits at most d between attempts, forever (until the caller's
+// context ends). A d ≤ 0 is reported by New as ErrInvalidOption.
+func Constant(d time.Duration) WaitStrategy { return constant{d} }
+
+type constant struct{ d time.Duration }
+
+func (c constant) Delay(int) (time.Duration, bool) { return c.d, true }
+
+func (c constant) validate() bool { return c.d > 0 }
+
+// Exponential waits a random time in [0, min(max, base·2^(attempt-1))]
+// ("full jitter") between attempts, forever (until the caller's context
+// ends). It needs 0 < base ≤ max; other values are reported by New as
+// ErrInvalidOption. The default strategy is Exponential(10ms, 1s).
+func Exponential(base, max time.Duration) WaitStrategy { return exponential{base, max} }
+
+type exponential struct{ base, max time.Duration }
+
+func (e exponential) Delay(attempt int) (time.Duration, bool) {
+	return jitter(e.ceiling(attempt)), true
+}
+
+func (e exponential) ceiling(attempt int) time.Duration {
+	d := e.base
+	for i := 1; i < attempt && d < e.max; i++ {
+		d *= 2
+	}
+	return min(d, e.max)
+}
+
+func (e exponential) validate() bool { return e.base > 0 && e.max >= e.base }
+
+// jitter returns a uniformly random duration in [1ns, d] (d when d ≤ 1).
+func jitter(d time.Duration) time.Duration {
+	if d <= 1 {
+		return d
+	}
+	return 1 + rand.N(d)
+}
+
+// Limit makes at most attempts attempts in total, waiting as s says in
+// between; Limit(1, s) is NoWait. It needs attempts ≥ 1 and a valid s;
+// other values are reported by New as ErrInvalidOption.
+func Limit(attempts int, s WaitStrategy) WaitStrategy { return limit{attempts, s} }
+
+type limit struct {
+	n int
+	s WaitStrategy
+}
+
+func (l limit) Delay(attempt int) (time.Duration, bool) {
+	if attempt >= l.n {
+		return 0, false
+	}
+	return l.s.Delay(attempt)
+}
+
+func (l limit) validate() bool { return l.n >= 1 && validStrategy(l.s) }
+
+// validStrategy reports whether s can be used. Strategies from outside the
+// package are trusted to be valid.
+func validStrategy(s WaitStrategy) bool {
+	if s == nil {
+		return false
+	}
+	if v, ok := s.(interface{ validate() bool }); ok {
+		return v.validate()
+	}
+	return true
+}
+
+// patience is the most a strategy will wait in total, used as the bound
+// of a server-side queue wait; ok is false when the strategy waits forever
+// (or longer than 65,536 attempts).
+func patience(s WaitStrategy) (total time.Duration, ok bool) {
+	for attempt := 1; attempt <= 1<<16; attempt++ {
+		d, more := maxDelay(s, attempt)
+		if !more {
+			return total, true
+		}
+		total += d
+	}
+	return 0, false
+}
+
+// maxDelay is Delay without jitter: the ceiling the strategy may wait.
+func maxDelay(s WaitStrategy, attempt int) (time.Duration, bool) {
+	switch v := s.(type) {
+	case exponential:
+		return v.ceiling(attempt), true
+	case limit:
+		if attempt >= v.n {
+			return 0, false
+		}
+		return maxDelay(v.s, attempt)
+	}
+	return s.Delay(attempt)
+}

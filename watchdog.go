@@ -1,0 +1,242 @@
+package dlock
+
+import (
+	"container/heap"
+	"context"
+	"errors"
+	"time"
+)
+
+// The watchdog is one goroutine per Client, running only while the Client
+// holds leases. It keeps two heaps: auto-renewed leases ordered by their
+// next renewal, and the other leases ordered by expiry. Renewals due
+// within a short window are sent together in one batch (one round trip per
+// server with a BatchRefresher), with at most one batch in flight, so a
+// hung server delays neither the expiry of other leases nor the loop.
+//
+// A lease is renewed TTL/3 after the invoke time of its last successful
+// renewal, or up to TTL/6 earlier when it can join a batch. A failed renewal is retried (every TTL/10, at least 1 ms and
+// at most half the remaining validity) until the lease could have expired
+// (Expires); then the lease is lost. ErrNotHeld from the server loses it
+// at once.
+
+// track registers a new lease with the watchdog. c.mu must be held.
+func (c *Client) track(l *Lease) {
+	if l.autoRenew {
+		l.next = l.created.Add(l.ttl / 3)
+		heap.Push(&c.renew, l)
+	} else {
+		l.expAt = l.expires
+		heap.Push(&c.expiry, l)
+	}
+	if !c.running {
+		c.running = true
+		c.wg.Add(1)
+		go c.loop()
+	}
+	c.kickLocked()
+}
+
+func (c *Client) kick() {
+	c.mu.Lock()
+	c.kickLocked()
+	c.mu.Unlock()
+}
+
+func (c *Client) kickLocked() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+type renewResult struct {
+	leases []*Lease
+	reqs   []Request
+	invoke time.Time
+	errs   []error
+}
+
+func (c *Client) loop() {
+	defer c.wg.Done()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	results := make(chan renewResult, 1)
+	inflight := false
+	for {
+		now := time.Now()
+		var lost []*Lease
+		var batch []*Lease
+
+		c.mu.Lock()
+		for c.expiry.Len() > 0 && !now.Before(c.expiry.top().expAt) {
+			lost = append(lost, heap.Pop(&c.expiry).(*Lease))
+		}
+		if !inflight && c.renew.Len() > 0 && !now.Before(c.renew.top().next) {
+			// Something is due: renew it together with every lease due in
+			// the next TTL/6, so leases taken at different moments fall
+			// into step and share round trips.
+			for c.renew.Len() > 0 {
+				l := c.renew.top()
+				if l.next.After(now.Add(l.ttl / 6)) {
+					break
+				}
+				heap.Pop(&c.renew)
+				if !now.Before(l.Expires()) {
+					lost = append(lost, l)
+					continue
+				}
+				l.inflight = true
+				batch = append(batch, l)
+			}
+		}
+		if c.renew.Len() == 0 && c.expiry.Len() == 0 && !inflight && len(batch) == 0 {
+			c.running = false
+			c.mu.Unlock()
+			for _, l := range lost {
+				l.lose(errors.New("lease expired before it was renewed"))
+			}
+			return
+		}
+		var wakeAt time.Time
+		if c.expiry.Len() > 0 {
+			wakeAt = c.expiry.top().expAt
+		}
+		if !inflight && len(batch) == 0 && c.renew.Len() > 0 {
+			if t := c.renew.top().next; wakeAt.IsZero() || t.Before(wakeAt) {
+				wakeAt = t
+			}
+		}
+		c.mu.Unlock()
+
+		for _, l := range lost {
+			l.lose(errors.New("lease expired before it was renewed"))
+		}
+		if len(batch) > 0 {
+			inflight = true
+			go c.renewBatch(batch, results)
+		}
+
+		if wakeAt.IsZero() {
+			wakeAt = now.Add(time.Hour)
+		}
+		timer.Reset(max(time.Until(wakeAt), 0))
+		select {
+		case <-timer.C:
+		case <-c.wake:
+		case r := <-results:
+			inflight = false
+			c.settle(r)
+		}
+	}
+}
+
+// renewBatch refreshes leases in one call. The deadline is the shortest
+// TTL/3 in the batch, and never past the earliest expiry.
+func (c *Client) renewBatch(leases []*Lease, out chan<- renewResult) {
+	now := time.Now()
+	r := renewResult{leases: leases, reqs: make([]Request, len(leases)), invoke: now}
+	timeout := time.Duration(1<<63 - 1)
+	for i, l := range leases {
+		r.reqs[i] = l.request()
+		exp := l.Expires()
+		timeout = min(timeout, r.reqs[i].TTL/3, max(exp.Sub(now), time.Millisecond))
+	}
+	timeout = max(timeout, time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	if c.batch != nil && len(leases) > 1 {
+		r.errs = c.batch.RefreshMany(ctx, r.reqs)
+	} else {
+		r.errs = make([]error, len(leases))
+		for i := range r.reqs {
+			r.errs[i] = c.b.Refresh(ctx, r.reqs[i])
+		}
+	}
+	cancel()
+	out <- r
+}
+
+// settle applies a batch's results: renewed leases get a new expiry and
+// renewal time; failed ones are retried or lost.
+func (c *Client) settle(r renewResult) {
+	now := time.Now()
+	var lost []*Lease
+	var causes []error
+	c.mu.Lock()
+	for i, l := range r.leases {
+		l.inflight = false
+		err := r.errs[i]
+		ttl := r.reqs[i].TTL
+		l.mu.Lock()
+		ended := l.err != nil
+		if err == nil && !ended {
+			if e := r.invoke.Add(ttl - drift(ttl)); e.After(l.expires) {
+				l.expires = e
+			}
+		}
+		expires := l.expires
+		l.mu.Unlock()
+		if ended || l.releasingLocked() {
+			continue
+		}
+		switch {
+		case err == nil:
+			l.next = r.invoke.Add(ttl / 3)
+		case errors.Is(err, ErrNotHeld):
+			lost, causes = append(lost, l), append(causes, err)
+			continue
+		case !now.Before(expires):
+			lost, causes = append(lost, l), append(causes, err)
+			continue
+		default:
+			retry := min(max(ttl/10, time.Millisecond), max(expires.Sub(now)/2, time.Millisecond))
+			l.next = now.Add(retry)
+		}
+		heap.Push(&c.renew, l)
+	}
+	c.mu.Unlock()
+	for i, l := range lost {
+		l.lose(causes[i])
+	}
+}
+
+func (l *Lease) releasingLocked() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.releasing
+}
+
+// leaseHeap is a min-heap of leases by the time at returns; idx points at
+// the lease's index field for this heap (-1 when absent).
+type leaseHeap struct {
+	items []*Lease
+	at    func(*Lease) time.Time
+	idx   func(*Lease) *int
+}
+
+func (h *leaseHeap) Len() int           { return len(h.items) }
+func (h *leaseHeap) Less(i, j int) bool { return h.at(h.items[i]).Before(h.at(h.items[j])) }
+func (h *leaseHeap) Swap(i, j int) {
+	h.items[i], h.items[j] = h.items[j], h.items[i]
+	*h.idx(h.items[i]) = i
+	*h.idx(h.items[j]) = j
+}
+func (h *leaseHeap) Push(x any) {
+	l := x.(*Lease)
+	*h.idx(l) = len(h.items)
+	h.items = append(h.items, l)
+}
+func (h *leaseHeap) Pop() any {
+	n := len(h.items) - 1
+	l := h.items[n]
+	h.items[n] = nil
+	h.items = h.items[:n]
+	*h.idx(l) = -1
+	return l
+}
+func (h *leaseHeap) top() *Lease { return h.items[0] }
+func (h *leaseHeap) remove(l *Lease) {
+	if i := *h.idx(l); i >= 0 {
+		heap.Remove(h, i)
+	}
+}
