@@ -92,3 +92,29 @@ type Waiter interface {
 type LossNotifier interface {
 	NotifyLoss(r Request, fn func(cause error)) (stop func())
 }
+
+// Info describes a lock as the server sees it, for operators (the dlock
+// CLI's inspect command). Zero values mean "not held" or "unknown".
+type Info struct {
+	Key     string        // the user's key
+	Held    bool          // someone holds the lock now
+	Owner   string        // the holder's token, when held
+	Fence   uint64        // the holder's fence, when held
+	TTL     time.Duration // the holder's remaining lifetime, 0 if unknown
+	Count   int           // the holder's reentrant hold count, when held
+	Waiters int           // waiters queued server-side, -1 if the backend cannot tell
+}
+
+// Inspector is an optional Backend capability: read a lock's state
+// without changing it.
+type Inspector interface {
+	Inspect(ctx context.Context, key string) (Info, error)
+}
+
+// ForceReleaser is an optional Backend capability for administrators:
+// delete a lock whoever holds it, returning what was removed (Held false
+// when there was nothing). The holder's lease is then lost at its next
+// renewal. Never used by the Client.
+type ForceReleaser interface {
+	ForceRelease(ctx context.Context, key string) (Info, error)
+}

@@ -77,7 +77,7 @@ func (s *Store) Backend() *Backend { return &Backend{s: s} }
 
 // Backend is a dlock.Backend on a Store. Create it with New or
 // Store.Backend. It implements dlock.Backend, dlock.BatchRefresher,
-// dlock.Notifier and dlock.Waiter.
+// dlock.Notifier, dlock.Waiter, dlock.Inspector and dlock.ForceReleaser.
 type Backend struct {
 	s      *Store
 	mu     sync.Mutex
@@ -208,15 +208,21 @@ func (b *Backend) Release(ctx context.Context, r dlock.Request) error {
 	if e.count--; e.count > 0 {
 		return nil
 	}
-	delete(b.s.locks, r.Key)
-	for ch := range b.s.subs[r.Key] {
+	b.s.free(r.Key)
+	return nil
+}
+
+// free deletes key's lock, notifies subscribers and wakes the queue's
+// head. s.mu must be held.
+func (s *Store) free(key string) {
+	delete(s.locks, key)
+	for ch := range s.subs[key] {
 		select {
 		case ch <- struct{}{}:
 		default:
 		}
 	}
-	b.s.promote(r.Key)
-	return nil
+	s.promote(key)
 }
 
 // promote tells the head of key's queue that it may take the lock.
@@ -350,4 +356,34 @@ func (s *Store) QueueLen(key string) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.queues[key])
+}
+
+// Inspect implements dlock.Inspector.
+func (b *Backend) Inspect(ctx context.Context, key string) (dlock.Info, error) {
+	if err := b.enter(ctx); err != nil {
+		return dlock.Info{}, err
+	}
+	defer b.s.mu.Unlock()
+	return b.s.infoLocked(key, time.Now()), nil
+}
+
+func (s *Store) infoLocked(key string, now time.Time) dlock.Info {
+	info := dlock.Info{Key: key, Waiters: len(s.queues[key])}
+	if e := s.live(key, now); e != nil {
+		info.Held, info.Owner, info.Fence, info.TTL, info.Count = true, e.token, e.fence, e.expires.Sub(now), e.count
+	}
+	return info
+}
+
+// ForceRelease implements dlock.ForceReleaser.
+func (b *Backend) ForceRelease(ctx context.Context, key string) (dlock.Info, error) {
+	if err := b.enter(ctx); err != nil {
+		return dlock.Info{}, err
+	}
+	defer b.s.mu.Unlock()
+	info := b.s.infoLocked(key, time.Now())
+	if info.Held {
+		b.s.free(key)
+	}
+	return info, nil
 }

@@ -1,0 +1,85 @@
+package fence_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/dlock-go/dlock/fence"
+	"github.com/dlock-go/dlock/internal/testserver"
+)
+
+var rdb *redis.Client
+
+func TestMain(m *testing.M) {
+	srv, err := testserver.StartRedis(testserver.RedisOptions{})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	rdb = redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	code := m.Run()
+	rdb.Close()
+	srv.Stop()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+func TestRedisRule(t *testing.T) {
+	ctx := context.Background()
+	s := fence.NewRedis(rdb)
+	key := "fence:" + t.Name()
+	steps := []struct {
+		value string
+		fence uint64
+		owner string
+		ok    bool
+	}{
+		{"v1", 5, "a", true},
+		{"v2", 5, "a", true},
+		{"x", 5, "b", false},
+		{"x", 4, "c", false},
+		{"v3", 1_764_000_000_000_000, "d", true}, // a TIME-µs sized fence
+		{"x", 9, "a", false},
+	}
+	for i, st := range steps {
+		err := s.Set(ctx, key, st.value, st.fence, st.owner)
+		if (err == nil) != st.ok {
+			t.Fatalf("step %d Set(fence %d, %s): got %v, want ok=%v", i, st.fence, st.owner, err, st.ok)
+		}
+		var se *fence.StaleError
+		if err != nil && (!errors.Is(err, fence.ErrStale) || !errors.As(err, &se) || se.Highest < st.fence) {
+			t.Fatalf("step %d: got %v, want a StaleError with the highest fence", i, err)
+		}
+	}
+	v, f, err := s.Get(ctx, key)
+	if err != nil || v != "v3" || f != 1_764_000_000_000_000 {
+		t.Fatalf("Get: got %q, %d, %v; want v3, 1764000000000000, nil", v, f, err)
+	}
+	if v, f, err := s.Get(ctx, key+":missing"); err != nil || v != "" || f != 0 {
+		t.Fatalf("Get of a missing key: got %q, %d, %v", v, f, err)
+	}
+}
+
+func TestRedisWrongType(t *testing.T) {
+	ctx := context.Background()
+	key := "fence:" + t.Name()
+	rdb.RPush(ctx, key, "user data")
+	err := fence.NewRedis(rdb).Set(ctx, key, "v", 1, "a")
+	if err == nil {
+		t.Fatal("Set on a list key: got nil error")
+	}
+	if n, _ := rdb.LLen(ctx, key).Result(); n != 1 {
+		t.Fatalf("list length after the failed Set: got %d, want 1", n)
+	}
+}
