@@ -77,9 +77,11 @@ type Notifier interface {
 // Waiter is an optional Backend capability: a server-side queue. Wait
 // blocks until r is granted or ctx ends; when ctx ends it removes its
 // queue entry (with a fresh context) and returns an error matching
-// ctx.Err(). Backends whose only waiting mode is a queue (etcd, ZooKeeper)
-// ignore r.FIFO; others may return errors.ErrUnsupported when r.FIFO is
-// false, and the Client then waits by retrying on notifications.
+// ctx.Err(). The Client calls Wait for WithFIFO requests, and for every
+// wait when the backend is not also a Notifier (etcd, ZooKeeper: the
+// queue is how they wait, and they ignore r.FIFO). A backend may return
+// errors.ErrUnsupported for a request it cannot queue; without WithFIFO
+// the Client then waits by retrying.
 type Waiter interface {
 	Wait(ctx context.Context, r Request) (Grant, error)
 }

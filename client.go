@@ -208,7 +208,21 @@ func (c *Client) acquire(ctx context.Context, key string, opts []Option, once bo
 		req.Token = rand.Text()
 	}
 
-	if _, waits := cfg.wait.Delay(1); waits && c.waiter != nil {
+	if len(cfg.observers) == 0 {
+		return c.acquireWait(ctx, req, cfg)
+	}
+	start := time.Now()
+	ctx = observe(ctx, cfg.observers, Event{Kind: EventAcquireStart, Key: key})
+	l, err := c.acquireWait(ctx, req, cfg)
+	observe(ctx, cfg.observers, Event{Kind: EventAcquireEnd, Key: key, Lease: l, Err: err, Duration: time.Since(start)})
+	return l, err
+}
+
+func (c *Client) acquireWait(ctx context.Context, req Request, cfg config) (*Lease, error) {
+	// The server-side queue serves FIFO requests, and every wait on a
+	// backend that cannot notify releases (etcd, ZooKeeper: the queue is
+	// how they wait).
+	if _, waits := cfg.wait.Delay(1); waits && c.waiter != nil && (req.FIFO || c.notifier == nil) {
 		l, err, fallback := c.acquireQueued(ctx, req, cfg)
 		if !fallback {
 			return l, err
@@ -231,11 +245,15 @@ func (c *Client) acquireLoop(ctx context.Context, req Request, cfg config) (*Lea
 		}
 		if timer != nil {
 			timer.Stop()
+			observe(ctx, cfg.observers, Event{Kind: EventWaitEnd, Key: req.Key})
 		}
 	}()
 	for attempt := 1; ; attempt++ {
 		invoke := time.Now()
 		g, err := c.b.TryAcquire(ctx, req)
+		if len(cfg.observers) > 0 {
+			observe(ctx, cfg.observers, Event{Kind: EventAttempt, Key: req.Key, Attempt: attempt, Granted: g.OK, HolderTTL: g.HolderTTL, Err: err})
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, &AcquireError{Key: req.Key, Attempts: attempt, Cause: context.Cause(ctx)}
@@ -267,6 +285,7 @@ func (c *Client) acquireLoop(ctx context.Context, req Request, cfg config) (*Lea
 			}
 		}
 		if timer == nil {
+			observe(ctx, cfg.observers, Event{Kind: EventWaitStart, Key: req.Key})
 			timer = time.NewTimer(d)
 		} else {
 			timer.Reset(d)
@@ -291,10 +310,13 @@ func (c *Client) acquireQueued(ctx context.Context, req Request, cfg config) (l 
 		defer cancel()
 	}
 	invoke := time.Now()
+	observe(ctx, cfg.observers, Event{Kind: EventWaitStart, Key: req.Key})
 	g, err := c.waiter.Wait(wctx, req)
+	observe(ctx, cfg.observers, Event{Kind: EventWaitEnd, Key: req.Key})
 	if errors.Is(err, errors.ErrUnsupported) && !req.FIFO {
 		return nil, nil, true
 	}
+	observe(ctx, cfg.observers, Event{Kind: EventAttempt, Key: req.Key, Attempt: 1, Granted: err == nil && g.OK, Err: err})
 	switch {
 	case err == nil && g.OK:
 		l, err := c.grant(ctx, req, g, invoke, cfg)
@@ -322,6 +344,7 @@ func (c *Client) grant(ctx context.Context, req Request, g Grant, invoke time.Ti
 		cancels:   make(map[uint64]context.CancelCauseFunc),
 		autoRenew: cfg.autoRenew,
 		onLost:    cfg.onLost,
+		observers: cfg.observers,
 		renewIdx:  -1,
 		expIdx:    -1,
 	}

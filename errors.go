@@ -99,6 +99,12 @@ func (e *AcquireError) Unwrap() []error {
 	return []error{ErrNotAcquired, e.Cause}
 }
 
+// isNotAcquired reports a contention outcome (not a server failure).
+func isNotAcquired(err error) bool {
+	_, ok := err.(*AcquireError)
+	return ok
+}
+
 // opError wraps err with the operation and key, keeping it matchable.
 type opError struct {
 	op  string

@@ -32,6 +32,7 @@ type Lease struct {
 	nextID    uint64
 	stopLoss  func()
 	onLost    func(*Lease, error)
+	observers []Observer
 
 	// watchdog bookkeeping, guarded by c.mu
 	autoRenew bool
@@ -173,6 +174,14 @@ func (l *Lease) Refresh(ctx context.Context, ttl time.Duration) error {
 // a network error the lease still ends and stops being renewed: the lock
 // expires by itself by Expires.
 func (l *Lease) Release(ctx context.Context) error {
+	err := l.release(ctx)
+	if len(l.observers) > 0 {
+		observe(ctx, l.observers, Event{Kind: EventReleased, Key: l.req.Key, Lease: l, Err: err, Duration: time.Since(l.created)})
+	}
+	return err
+}
+
+func (l *Lease) release(ctx context.Context) error {
 	if ctx == nil {
 		return wrapOp("release", l.req.Key, fmt.Errorf("%w: nil context", ErrInvalidOption))
 	}
@@ -220,7 +229,8 @@ func (l *Lease) lose(cause error) {
 	l.end(cause, true)
 }
 
-// end ends the lease once with err; later calls do nothing.
+// end ends the lease once with err; later calls do nothing. Observers
+// hear of a loss before Done closes, so a log line precedes the wake-up.
 func (l *Lease) end(err error, lost bool) bool {
 	l.mu.Lock()
 	if l.err != nil {
@@ -228,22 +238,25 @@ func (l *Lease) end(err error, lost bool) bool {
 		return false
 	}
 	l.err = err
-	close(l.done)
 	cancels := l.cancels
 	l.cancels = nil
 	stop := l.stopLoss
 	l.stopLoss = nil
 	l.mu.Unlock()
 
-	for _, cancel := range cancels {
-		cancel(err)
-	}
 	if stop != nil {
 		stop()
 	}
 	l.c.forget(l, lost)
-	if lost && l.onLost != nil {
-		go l.onLost(l, err)
+	if lost {
+		observe(context.Background(), l.observers, Event{Kind: EventLost, Key: l.req.Key, Lease: l, Err: err, Duration: time.Since(l.created)})
+		if l.onLost != nil {
+			go l.onLost(l, err)
+		}
+	}
+	close(l.done)
+	for _, cancel := range cancels {
+		cancel(err)
 	}
 	return true
 }

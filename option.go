@@ -42,6 +42,7 @@ type config struct {
 	fifo           bool
 	releaseTimeout time.Duration
 	onLost         func(*Lease, error)
+	observers      []Observer
 }
 
 func defaultConfig() config {
@@ -52,6 +53,8 @@ func defaultConfig() config {
 		releaseTimeout: DefaultReleaseTimeout,
 	}
 }
+
+func errInvalid(what string) error { return fmt.Errorf("%w: %s", ErrInvalidOption, what) }
 
 func (c *config) apply(opts []Option) error {
 	for _, o := range opts {

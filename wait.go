@@ -102,11 +102,30 @@ func validStrategy(s WaitStrategy) bool {
 }
 
 // patience is the most a strategy will wait in total, used as the bound
-// of a server-side queue wait; ok is false when the strategy waits forever
-// (or longer than 65,536 attempts).
+// of a server-side queue wait; ok is false when the strategy waits
+// forever (or longer than 65,536 attempts, or 1,024 for strategies from
+// outside this package).
 func patience(s WaitStrategy) (total time.Duration, ok bool) {
-	for attempt := 1; attempt <= 1<<16; attempt++ {
-		d, more := maxDelay(s, attempt)
+	switch v := s.(type) {
+	case noWait:
+		return 0, true
+	case constant, exponential:
+		return 0, false
+	case limit:
+		if v.n > 1<<16 {
+			return 0, false
+		}
+		for attempt := 1; attempt < v.n; attempt++ {
+			d, more := maxDelay(v.s, attempt)
+			if !more {
+				break
+			}
+			total += d
+		}
+		return total, true
+	}
+	for attempt := 1; attempt <= 1<<10; attempt++ {
+		d, more := s.Delay(attempt)
 		if !more {
 			return total, true
 		}

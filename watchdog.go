@@ -195,6 +195,11 @@ func (c *Client) settle(r renewResult) {
 		heap.Push(&c.renew, l)
 	}
 	c.mu.Unlock()
+	for i, l := range r.leases {
+		if len(l.observers) > 0 {
+			observe(context.Background(), l.observers, Event{Kind: EventRenewed, Key: l.req.Key, Lease: l, Err: r.errs[i]})
+		}
+	}
 	for i, l := range lost {
 		l.lose(causes[i])
 	}
