@@ -1,0 +1,386 @@
+package testserver
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// EtcdOptions configures [StartEtcd]. The zero value is the default: a
+// single member on free loopback ports. It has room for later options.
+type EtcdOptions struct {
+	// StartTimeout bounds the wait for GET /health to report true, at start
+	// and at every Restart. 0 means DefaultStartTimeout (20 s).
+	StartTimeout time.Duration
+}
+
+// Etcd is a running etcd 3.4 member listening on 127.0.0.1 (client and peer
+// ports), with its data directory (data/) and log (etcd.log) in its own
+// temporary directory. It runs with the zap logger and etcd's defaults
+// otherwise (heartbeat 100 ms, election timeout 1000 ms).
+//
+// Its methods are safe for concurrent use.
+type Etcd struct {
+	name       string // member name
+	clientPort int
+	peerPort   int
+	srv        *server
+}
+
+// clusterSeq makes every cluster token unique within this process, so a
+// member can never join another test's cluster through a reused port.
+var clusterSeq atomic.Int64
+
+// StartEtcd starts a single-member etcd cluster and returns once GET /health
+// on its client URL reports true. On failure it returns an error ending with
+// the tail of the log and leaves nothing running or on disk. It fails with an
+// error matching [ErrNotInstalled] if etcd is not in PATH.
+func StartEtcd(opts EtcdOptions) (*Etcd, error) {
+	c, err := startEtcdCluster(1, opts)
+	if err != nil {
+		return nil, err
+	}
+	return c.members[0], nil
+}
+
+// EtcdCluster is a static etcd cluster of members on loopback.
+//
+// Its methods are safe for concurrent use.
+type EtcdCluster struct {
+	members []*Etcd
+}
+
+// StartEtcdCluster starts n members (3 for failure tests) with a static
+// --initial-cluster and returns once every member's /health reports true
+// (which needs an elected leader), bounded by DefaultStartTimeout. On error
+// it stops what it started and returns nil.
+func StartEtcdCluster(n int) (*EtcdCluster, error) {
+	if n <= 0 {
+		return nil, fmt.Errorf("testserver: StartEtcdCluster: invalid n %d: must be positive", n)
+	}
+	return startEtcdCluster(n, EtcdOptions{})
+}
+
+func startEtcdCluster(n int, opts EtcdOptions) (*EtcdCluster, error) {
+	timeout, err := startTimeout(opts.StartTimeout)
+	if err != nil {
+		return nil, err
+	}
+	bin, err := lookPath("etcd", "etcd-server")
+	if err != nil {
+		return nil, err
+	}
+	for attempt := 1; ; attempt++ {
+		c, err := tryStartEtcdCluster(n, bin, timeout)
+		if err == nil {
+			return c, nil
+		}
+		if !errors.Is(err, errBind) || attempt == maxBindAttempts {
+			return nil, err
+		}
+	}
+}
+
+func tryStartEtcdCluster(n int, bin string, timeout time.Duration) (_ *EtcdCluster, err error) {
+	ps, err := pickPorts(2 * n)
+	if err != nil {
+		return nil, err
+	}
+	c := &EtcdCluster{members: make([]*Etcd, n)}
+	defer func() {
+		if err != nil {
+			_ = c.Stop()
+		}
+	}()
+	token := fmt.Sprintf("testserver-%d-%d", os.Getpid(), clusterSeq.Add(1))
+	var initial []string
+	for i := range c.members {
+		c.members[i] = &Etcd{name: fmt.Sprintf("m%d", i), clientPort: ps[2*i], peerPort: ps[2*i+1]}
+		initial = append(initial, c.members[i].name+"="+c.members[i].peerURL())
+	}
+	env := filterEnv("ETCD_") // etcd reads ETCD_* variables as flags
+	for _, m := range c.members {
+		dir, err := os.MkdirTemp("", "dlock-testserver-etcd-")
+		if err != nil {
+			return nil, fmt.Errorf("testserver: %w", err)
+		}
+		url := m.ClientURL()
+		m.srv = &server{
+			name: "etcd " + m.Endpoints()[0],
+			bin:  bin,
+			args: []string{
+				"--name", m.name,
+				"--data-dir", filepath.Join(dir, "data"),
+				"--listen-client-urls", url,
+				"--advertise-client-urls", url,
+				"--listen-peer-urls", m.peerURL(),
+				"--initial-advertise-peer-urls", m.peerURL(),
+				"--initial-cluster", strings.Join(initial, ","),
+				"--initial-cluster-state", "new",
+				"--initial-cluster-token", token,
+				"--logger", "zap",
+				"--log-outputs", "stderr",
+			},
+			env:     env,
+			dir:     dir,
+			logPath: filepath.Join(dir, "etcd.log"),
+			timeout: timeout,
+			ready:   func() error { return etcdHealthy(url) },
+			ports:   []int{m.clientPort, m.peerPort},
+		}
+	}
+	// All members must run before any can become healthy (quorum).
+	for _, m := range c.members {
+		if err := m.srv.launch(); err != nil {
+			return nil, err
+		}
+	}
+	// A member that exits (say, it could not bind its port) makes the others
+	// wait for a quorum in vain: stop waiting for them at once.
+	procs := make([]*proc, n)
+	for i, m := range c.members {
+		procs[i] = m.srv.p
+	}
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i, m := range c.members {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = m.srv.awaitReadyWith(func() error {
+				for j, p := range procs {
+					if j != i && p.exited() {
+						return abort(fmt.Errorf("member %s exited", c.members[j].name))
+					}
+				}
+				return m.srv.ready()
+			})
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// httpClient talks to etcd's HTTP endpoints. No keep-alives: an idle
+// connection would leave transport goroutines behind for leak checkers.
+var httpClient = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+
+// etcdHTTP does one request with a one-second timeout and returns the body of
+// a 200 response.
+func etcdHTTP(method, url, body string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, url, rd)
+	if err != nil {
+		return nil, err
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := httpClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%s %s: %s: %s", method, url, resp.Status, bytes.TrimSpace(b))
+	}
+	return b, nil
+}
+
+func etcdHealthy(clientURL string) error {
+	b, err := etcdHTTP(http.MethodGet, clientURL+"/health", "")
+	if err != nil {
+		return err
+	}
+	var h struct {
+		Health string `json:"health"`
+	}
+	if err := json.Unmarshal(b, &h); err != nil {
+		return fmt.Errorf("GET /health: %w (body %q)", err, b)
+	}
+	if h.Health != "true" {
+		return fmt.Errorf("GET /health: %s", bytes.TrimSpace(b))
+	}
+	return nil
+}
+
+// Endpoints returns the member's client address as a one-element slice of
+// "127.0.0.1:PORT", as clientv3.Config.Endpoints wants it.
+func (e *Etcd) Endpoints() []string {
+	return []string{net.JoinHostPort("127.0.0.1", strconv.Itoa(e.clientPort))}
+}
+
+// ClientURL returns the member's client URL, "http://127.0.0.1:PORT".
+func (e *Etcd) ClientURL() string {
+	return "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(e.clientPort))
+}
+
+func (e *Etcd) peerURL() string {
+	return "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(e.peerPort))
+}
+
+// Name returns the member name ("m0", "m1", ...).
+func (e *Etcd) Name() string { return e.name }
+
+// PID returns the process id of the running member, or 0 after Kill or Stop
+// (or if it died on its own).
+func (e *Etcd) PID() int { return e.srv.pid() }
+
+// Dir returns the member's temporary directory (data/ and etcd.log). It
+// exists until Stop.
+func (e *Etcd) Dir() string { return e.srv.dir }
+
+// LogFile returns the path of the member's log; it is appended to across
+// restarts and removed with Dir by Stop.
+func (e *Etcd) LogFile() string { return e.srv.logPath }
+
+// Stop sends SIGTERM, waits up to StopGrace (5 s), then sends SIGKILL, waits
+// for the process to exit and removes Dir. A paused member is resumed so it
+// can shut down. Stop is idempotent and safe on a nil *Etcd; after Stop the
+// member cannot be restarted.
+func (e *Etcd) Stop() error {
+	if e == nil {
+		return nil
+	}
+	return e.srv.stop(true)
+}
+
+// Kill sends SIGKILL and waits for the process to exit; a no-op if it is not
+// running. The data directory is kept so Restart can reuse it.
+func (e *Etcd) Kill() error { return e.srv.kill() }
+
+// Restart kills the member if it is running, starts it again with the same
+// ports and data directory, and waits until /health reports true (bounded by
+// StartTimeout). In a cluster that needs a quorum of members running, so
+// restart members of a cluster that lost its quorum concurrently.
+func (e *Etcd) Restart() error { return e.srv.restart() }
+
+// Pause stops the member with SIGSTOP until Resume. It fails if the member is
+// not running.
+func (e *Etcd) Pause() error { return e.srv.pause() }
+
+// Resume continues a paused member with SIGCONT. It fails if the member is
+// not running.
+func (e *Etcd) Resume() error { return e.srv.resume() }
+
+// status is the part of POST /v3/maintenance/status we read; the gateway
+// encodes uint64 as JSON strings.
+type etcdStatus struct {
+	Header struct {
+		MemberID json.Number `json:"member_id"`
+	} `json:"header"`
+	Leader json.Number `json:"leader"`
+}
+
+func (e *Etcd) status() (etcdStatus, error) {
+	var st etcdStatus
+	b, err := etcdHTTP(http.MethodPost, e.ClientURL()+"/v3/maintenance/status", "{}")
+	if err != nil {
+		return st, err
+	}
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.UseNumber()
+	if err := d.Decode(&st); err != nil {
+		return st, fmt.Errorf("maintenance/status: %w (body %q)", err, b)
+	}
+	return st, nil
+}
+
+// Endpoints returns every member's client address ("127.0.0.1:PORT"), as
+// clientv3.Config.Endpoints wants them.
+func (c *EtcdCluster) Endpoints() []string {
+	var eps []string
+	for _, m := range c.members {
+		eps = append(eps, m.Endpoints()...)
+	}
+	return eps
+}
+
+// Members returns the members, in the order of their names m0, m1, ...
+func (c *EtcdCluster) Members() []*Etcd { return append([]*Etcd(nil), c.members...) }
+
+// leaderWait bounds how long Leader waits for an elected leader.
+const leaderWait = 5 * time.Second
+
+// Leader returns the current leader: the member whose maintenance status
+// (POST /v3/maintenance/status on the HTTP gateway) names itself as leader.
+// Members that are down or paused are skipped (each is asked with a 1 s
+// timeout, all at once). During an election it keeps asking for up to 5 s,
+// then returns an error.
+func (c *EtcdCluster) Leader() (*Etcd, error) {
+	var leader *Etcd
+	err := poll(leaderWait, func() error {
+		sts := make([]etcdStatus, len(c.members))
+		errs := make([]error, len(c.members))
+		var wg sync.WaitGroup
+		for i, m := range c.members {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				sts[i], errs[i] = m.status()
+			}()
+		}
+		wg.Wait()
+		for i, st := range sts {
+			if errs[i] == nil && st.Leader != "" && st.Leader != "0" && st.Leader == st.Header.MemberID {
+				leader = c.members[i]
+				return nil
+			}
+		}
+		return errors.Join(append([]error{errors.New("no member reports itself leader")}, errs...)...)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("testserver: etcd leader: %w", err)
+	}
+	return leader, nil
+}
+
+// Stop kills all members with SIGKILL, waits for them to exit and removes
+// their directories. It does not stop them gracefully: a leader that gets
+// SIGTERM tries to hand leadership to a follower first, and with every
+// follower shutting down too that stalls until Etcd.Stop's SIGKILL after 5 s,
+// while the data is thrown away anyway. It is idempotent and safe on a nil
+// *EtcdCluster; stopped members cannot be restarted.
+func (c *EtcdCluster) Stop() error {
+	if c == nil {
+		return nil
+	}
+	errs := make([]error, len(c.members))
+	var wg sync.WaitGroup
+	for i, m := range c.members {
+		if m == nil {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = m.srv.stop(false)
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}

@@ -1,0 +1,14 @@
+//go:build unix && !linux
+
+package testserver
+
+import "syscall"
+
+// sysProcAttr puts the child in its own process group. There is no Pdeathsig
+// outside Linux: a child outlives a parent that dies without stopping it.
+func sysProcAttr() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Setpgid: true}
+}
+
+// holdsListener cannot tell without /proc: it reports true (no guard).
+func holdsListener(pid, port int) (bool, error) { return true, nil }

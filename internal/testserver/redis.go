@@ -1,0 +1,288 @@
+package testserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// RedisOptions configures [StartRedis] and [StartRedisN]. The zero value is a
+// non-persistent server on a free loopback port.
+type RedisOptions struct {
+	// Persistence false (the default) disables RDB and AOF, so a server that
+	// is killed and restarted comes back empty. True turns on
+	// "appendonly yes" with "appendfsync always": every acknowledged write
+	// survives Kill and Restart.
+	Persistence bool
+
+	// Port is the port to listen on at 127.0.0.1. 0 (the default) picks a
+	// free port, retrying with another one if the server cannot bind it.
+	Port int
+
+	// Args are extra redis-server arguments, appended after the generated
+	// ones so they override them, e.g. "--replicaof", "127.0.0.1", "6380".
+	// Default none.
+	Args []string
+
+	// StartTimeout bounds the wait for the server to answer PING, at start
+	// and at every Restart. 0 means DefaultStartTimeout (20 s).
+	StartTimeout time.Duration
+}
+
+// Redis is a running redis-server 7 process listening on 127.0.0.1, with
+// its own temporary directory (its working and data directory, which also
+// holds redis.log). Besides the options, it always runs without RDB
+// snapshots (save set to the empty string), with enable-debug-command local
+// (DEBUG SLEEP and friends work over loopback) and with
+// repl-diskless-sync-delay 0 (a replica's full sync starts at once instead
+// of 5 s later).
+//
+// Its methods are safe for concurrent use.
+type Redis struct {
+	port    int
+	busPort int // cluster bus port, 0 if not a cluster node
+	srv     *server
+}
+
+// StartRedis starts one redis-server and returns once it answers PING. On
+// failure it returns an error ending with the tail of the server log and
+// leaves nothing running or on disk. It fails with an error matching
+// [ErrNotInstalled] if redis-server is not in PATH.
+func StartRedis(opts RedisOptions) (*Redis, error) {
+	if err := checkPort(opts.Port); err != nil {
+		return nil, err
+	}
+	timeout, err := startTimeout(opts.StartTimeout)
+	if err != nil {
+		return nil, err
+	}
+	return startRedis(redisSpec{
+		kind:    "redis",
+		port:    opts.Port,
+		timeout: timeout,
+		args: func(dir string, port, _ int) ([]string, error) {
+			return append(redisBaseArgs(dir, port, opts.Persistence), opts.Args...), nil
+		},
+	})
+}
+
+// StartRedisN starts n independent redis-servers (no replication between
+// them, as Redlock needs) concurrently, all with opts; opts.Port must be 0
+// when n > 1. On error it stops the ones already started and returns nil.
+func StartRedisN(n int, opts RedisOptions) ([]*Redis, error) {
+	if n <= 0 {
+		return nil, fmt.Errorf("testserver: StartRedisN: invalid n %d: must be positive", n)
+	}
+	if n > 1 && opts.Port != 0 {
+		return nil, fmt.Errorf("testserver: StartRedisN: Port %d cannot be shared by %d servers; use 0", opts.Port, n)
+	}
+	nodes := make([]*Redis, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			nodes[i], errs[i] = StartRedis(opts)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		_ = StopAll(nodes...)
+		return nil, err
+	}
+	return nodes, nil
+}
+
+// redisSpec describes one redis-server process to start.
+type redisSpec struct {
+	kind    string // "redis", "sentinel", "cluster" (temp dir and messages)
+	port    int    // 0: pick
+	busPort bool   // pick a cluster bus port as well
+	timeout time.Duration
+	// args returns the redis-server arguments for the chosen ports, writing
+	// any file they need into dir.
+	args func(dir string, port, busPort int) ([]string, error)
+}
+
+func startRedis(spec redisSpec) (*Redis, error) {
+	bin, err := lookPath("redis-server", "redis-server")
+	if err != nil {
+		return nil, err
+	}
+	if spec.port != 0 {
+		reservePort(spec.port)
+	}
+	dir, err := os.MkdirTemp("", "dlock-testserver-"+spec.kind+"-")
+	if err != nil {
+		return nil, fmt.Errorf("testserver: %w", err)
+	}
+	for attempt := 1; ; attempt++ {
+		r, err := tryStartRedis(spec, bin, dir)
+		if err == nil {
+			return r, nil
+		}
+		if !errors.Is(err, errBind) || spec.port != 0 || attempt == maxBindAttempts {
+			os.RemoveAll(dir)
+			return nil, err
+		}
+	}
+}
+
+func tryStartRedis(spec redisSpec, bin, dir string) (*Redis, error) {
+	port := spec.port
+	var err error
+	if port == 0 {
+		if port, err = pickPort(); err != nil {
+			return nil, err
+		}
+	}
+	bus := 0
+	if spec.busPort {
+		if bus, err = pickPort(); err != nil {
+			return nil, err
+		}
+	}
+	args, err := spec.args(dir, port, bus)
+	if err != nil {
+		return nil, err
+	}
+	r := &Redis{port: port, busPort: bus}
+	name := "redis-server"
+	if spec.kind != "redis" {
+		name += " (" + spec.kind + ")"
+	}
+	addr := r.Addr()
+	r.srv = &server{
+		name:    name + " " + addr,
+		bin:     bin,
+		args:    args,
+		dir:     dir,
+		logPath: filepath.Join(dir, "redis.log"),
+		timeout: spec.timeout,
+		ready:   func() error { return respPing(addr) },
+		ports:   []int{port},
+	}
+	if bus != 0 {
+		r.srv.ports = append(r.srv.ports, bus)
+	}
+	if err := r.srv.start(); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// redisBaseArgs are the arguments every non-sentinel node gets.
+func redisBaseArgs(dir string, port int, persistence bool) []string {
+	args := []string{
+		"--port", strconv.Itoa(port),
+		"--bind", "127.0.0.1",
+		"--dir", dir,
+		"--daemonize", "no",
+		"--logfile", "", // stdout, which spawn appends to redis.log
+		"--save", "",
+		"--enable-debug-command", "local",
+		// Full syncs start at once instead of waiting 5 s for more replicas.
+		"--repl-diskless-sync-delay", "0",
+	}
+	if persistence {
+		args = append(args, "--appendonly", "yes", "--appendfsync", "always")
+	} else {
+		args = append(args, "--appendonly", "no")
+	}
+	return args
+}
+
+// Addr returns the server's address, "127.0.0.1:PORT".
+func (r *Redis) Addr() string {
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(r.port))
+}
+
+// Port returns the server's TCP port.
+func (r *Redis) Port() int { return r.port }
+
+// PID returns the process id of the running server, or 0 after Kill or
+// Stop (or if it died on its own).
+func (r *Redis) PID() int { return r.srv.pid() }
+
+// Dir returns the server's temporary directory (working directory, data and
+// redis.log). It exists until Stop.
+func (r *Redis) Dir() string { return r.srv.dir }
+
+// LogFile returns the path of the server's log; it is appended to across
+// restarts and removed with Dir by Stop.
+func (r *Redis) LogFile() string { return r.srv.logPath }
+
+// Stop sends SIGTERM, waits up to StopGrace (5 s), then sends SIGKILL, waits
+// for the process to exit and removes Dir. A paused server is resumed so it
+// can shut down. Stop is idempotent and safe on a nil *Redis; after Stop the
+// server cannot be restarted.
+func (r *Redis) Stop() error {
+	if r == nil {
+		return nil
+	}
+	return r.srv.stop(true)
+}
+
+// Kill sends SIGKILL (to the server's process group) and waits for it to
+// exit; a no-op if it is not running. Dir is kept so Restart can reuse it:
+// with Persistence the data survives, without it the server restarts empty.
+func (r *Redis) Kill() error { return r.srv.kill() }
+
+// Restart kills the server if it is running, starts it again with the same
+// arguments, port and directory, and waits until it answers PING (bounded by
+// StartTimeout). It fails if the port has been taken meanwhile or the server
+// was stopped. For sentinels and cluster nodes it does not wait for the
+// sentinel or cluster state to settle.
+func (r *Redis) Restart() error { return r.srv.restart() }
+
+// Pause stops the server with SIGSTOP: connections stay open but nothing is
+// answered until Resume. It fails if the server is not running.
+func (r *Redis) Pause() error { return r.srv.pause() }
+
+// Resume continues a paused server with SIGCONT. It fails if the server is
+// not running.
+func (r *Redis) Resume() error { return r.srv.resume() }
+
+// Do sends one command over a new connection and returns the reply: string
+// for simple and bulk strings, int64 for integers, nil for null, []any for
+// arrays; an error reply is returned as a [RedisError] error. ctx bounds the
+// call; without a deadline it is bounded by 5 s.
+func (r *Redis) Do(ctx context.Context, args ...string) (any, error) {
+	return respDo(ctx, r.Addr(), args...)
+}
+
+// info returns one INFO section as text.
+func (r *Redis) info(ctx context.Context, section string) (string, error) {
+	v, err := r.Do(ctx, "INFO", section)
+	if err != nil {
+		return "", err
+	}
+	s, ok := v.(string)
+	if !ok {
+		return "", fmt.Errorf("INFO %s replied %T", section, v)
+	}
+	return s, nil
+}
+
+// poll calls check every 100 ms until it returns nil or timeout passes, and
+// then returns the last error.
+func poll(timeout time.Duration, check func() error) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		err := check()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

@@ -1,0 +1,195 @@
+package testserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// SentinelMasterName is the master name the sentinels of [StartSentinel]
+// monitor.
+const SentinelMasterName = "mymaster"
+
+// Sentinel is a Redis Sentinel deployment on loopback: one primary, one
+// replica and three sentinels (each its own redis-server --sentinel process
+// with a generated sentinel.conf) monitoring master "mymaster" with quorum 2,
+// down-after-milliseconds 1000 and failover-timeout 3000. Data nodes run
+// without persistence.
+//
+// Its methods are safe for concurrent use.
+type Sentinel struct {
+	primary   *Redis
+	replica   *Redis
+	sentinels []*Redis
+}
+
+// StartSentinel starts the primary, then the replica, waits until the replica
+// is in sync, then starts the three sentinels and waits until every sentinel
+// knows the replica and the other sentinels (SENTINEL CKQUORUM succeeds), so
+// a failover can start as soon as the primary fails. Each wait is bounded by
+// DefaultStartTimeout. On error it stops what it started and returns nil.
+func StartSentinel() (*Sentinel, error) {
+	s := &Sentinel{}
+	if err := s.start(); err != nil {
+		return nil, errors.Join(err, s.Stop())
+	}
+	return s, nil
+}
+
+func (s *Sentinel) start() (err error) {
+	if s.primary, err = StartRedis(RedisOptions{}); err != nil {
+		return err
+	}
+	s.replica, err = StartRedis(RedisOptions{Args: []string{
+		"--replicaof", "127.0.0.1", strconv.Itoa(s.primary.Port()),
+	}})
+	if err != nil {
+		return err
+	}
+	if err := poll(DefaultStartTimeout, s.replicaInSync); err != nil {
+		return fmt.Errorf("testserver: sentinel: replica %s did not sync with %s: %w",
+			s.replica.Addr(), s.primary.Addr(), err)
+	}
+
+	s.sentinels = make([]*Redis, 3)
+	errs := make([]error, 3)
+	var wg sync.WaitGroup
+	for i := range s.sentinels {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.sentinels[i], errs[i] = startSentinelNode(s.primary.Port())
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	for _, sn := range s.sentinels {
+		if err := poll(DefaultStartTimeout, func() error { return sentinelSettled(sn) }); err != nil {
+			return fmt.Errorf("testserver: sentinel %s did not settle: %w\n--- tail of %s ---\n%s",
+				sn.Addr(), err, sn.LogFile(), readTail(sn.LogFile(), 0))
+		}
+	}
+	return nil
+}
+
+func (s *Sentinel) replicaInSync() error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	info, err := s.replica.info(ctx, "replication")
+	if err != nil {
+		return err
+	}
+	if st := infoField(info, "master_link_status"); st != "up" {
+		return fmt.Errorf("master_link_status is %q, want up", st)
+	}
+	return nil
+}
+
+func startSentinelNode(primaryPort int) (*Redis, error) {
+	return startRedis(redisSpec{
+		kind:    "sentinel",
+		timeout: DefaultStartTimeout,
+		args: func(dir string, port, _ int) ([]string, error) {
+			// Sentinel rewrites its config file, so it lives in dir and is
+			// reused (with the sentinel's state) by Restart.
+			conf := fmt.Sprintf(`port %d
+bind 127.0.0.1
+dir %q
+daemonize no
+logfile ""
+sentinel monitor %s 127.0.0.1 %d 2
+sentinel down-after-milliseconds %s 1000
+sentinel failover-timeout %s 3000
+sentinel parallel-syncs %s 1
+`, port, dir, SentinelMasterName, primaryPort,
+				SentinelMasterName, SentinelMasterName, SentinelMasterName)
+			path := filepath.Join(dir, "sentinel.conf")
+			if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
+				return nil, fmt.Errorf("testserver: %w", err)
+			}
+			return []string{path, "--sentinel"}, nil
+		},
+	})
+}
+
+// sentinelSettled reports whether sn knows a replica and enough sentinels to
+// authorize a failover.
+func sentinelSettled(sn *Redis) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if _, err := sn.Do(ctx, "SENTINEL", "CKQUORUM", SentinelMasterName); err != nil {
+		return err
+	}
+	v, err := sn.Do(ctx, "SENTINEL", "REPLICAS", SentinelMasterName)
+	if err != nil {
+		return err
+	}
+	if reps, _ := v.([]any); len(reps) == 0 {
+		return errors.New("sentinel knows no replica yet")
+	}
+	return nil
+}
+
+// MasterName returns the monitored master name, "mymaster".
+func (s *Sentinel) MasterName() string { return SentinelMasterName }
+
+// SentinelAddrs returns the sentinels' addresses ("127.0.0.1:PORT"), as
+// go-redis' FailoverOptions.SentinelAddrs wants them.
+func (s *Sentinel) SentinelAddrs() []string {
+	addrs := make([]string, len(s.sentinels))
+	for i, sn := range s.sentinels {
+		addrs[i] = sn.Addr()
+	}
+	return addrs
+}
+
+// Sentinels returns the three sentinel processes (to kill or pause them).
+func (s *Sentinel) Sentinels() []*Redis { return append([]*Redis(nil), s.sentinels...) }
+
+// Primary returns the node that was started as the primary. After a failover
+// it may be a replica (or dead); ask [Sentinel.MasterAddr] for the current
+// primary.
+func (s *Sentinel) Primary() *Redis { return s.primary }
+
+// Replica returns the node that was started as the replica.
+func (s *Sentinel) Replica() *Redis { return s.replica }
+
+// MasterAddr asks the sentinels, in order, for the current primary's address
+// (SENTINEL get-master-addr-by-name) and returns the first answer. ctx bounds
+// the whole call.
+func (s *Sentinel) MasterAddr(ctx context.Context) (string, error) {
+	var errs []error
+	for _, sn := range s.sentinels {
+		v, err := sn.Do(ctx, "SENTINEL", "get-master-addr-by-name", SentinelMasterName)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		hp, ok := v.([]any)
+		if !ok || len(hp) != 2 {
+			errs = append(errs, fmt.Errorf("sentinel %s replied %v", sn.Addr(), v))
+			continue
+		}
+		host, _ := hp[0].(string)
+		port, _ := hp[1].(string)
+		return net.JoinHostPort(host, port), nil
+	}
+	return "", fmt.Errorf("testserver: no sentinel answered: %w", errors.Join(errs...))
+}
+
+// Stop stops all five processes concurrently (see [Redis.Stop]) and removes
+// their directories. It is idempotent and safe on a nil *Sentinel.
+func (s *Sentinel) Stop() error {
+	if s == nil {
+		return nil
+	}
+	return StopAll(append([]*Redis{s.primary, s.replica}, s.sentinels...)...)
+}
