@@ -198,14 +198,11 @@ func (c *Client) acquire(ctx context.Context, key string, opts []Option, once bo
 		return nil, wrapOp("acquire", key, ErrClosed)
 	}
 
-	req := Request{Key: key, TTL: cfg.ttl, FIFO: cfg.fifo}
-	if cfg.owner != "" {
-		req.Token, req.Reentrant = cfg.owner, true
+	req := Request{Key: key, TTL: cfg.ttl, FIFO: cfg.fifo, Token: c.token(cfg), Reentrant: cfg.owner != ""}
+	if req.Reentrant {
 		if err := c.checkReentry(key, cfg.owner); err != nil {
 			return nil, wrapOp("acquire", key, err)
 		}
-	} else {
-		req.Token = rand.Text()
 	}
 
 	if len(cfg.observers) == 0 {
@@ -229,6 +226,14 @@ func (c *Client) acquireWait(ctx context.Context, req Request, cfg config) (*Lea
 		}
 	}
 	return c.acquireLoop(ctx, req, cfg)
+}
+
+// token is the owner id, or a new random token.
+func (c *Client) token(cfg config) string {
+	if cfg.owner != "" {
+		return cfg.owner
+	}
+	return rand.Text()
 }
 
 // acquireLoop tries, and between tries waits for a release notification,

@@ -3,6 +3,7 @@ package dlock_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -325,5 +326,81 @@ func TestExpiresBound(t *testing.T) {
 	latest := time.Now().Add(time.Second - 12*time.Millisecond)
 	if l.Expires().After(latest) || l.Expires().Before(before.Add(900*time.Millisecond)) {
 		t.Fatalf("Expires: got +%v, want ≤ invoke + TTL − drift (+%v at most)", l.Expires().Sub(before), latest.Sub(before))
+	}
+}
+
+func TestAcquireMany(t *testing.T) {
+	store := memlock.NewStore()
+	ctx := context.Background()
+	c := dlock.New(store.Backend())
+	defer c.Close()
+	ls, err := c.AcquireMany(ctx, []string{"order:2", "order:1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ls[0].Key() != "order:2" || ls[1].Key() != "order:1" {
+		t.Fatalf("lease order: got %s, %s; want order:2, order:1", ls[0].Key(), ls[1].Key())
+	}
+	// A partly overlapping set waits, then fails on its deadline, and
+	// leaves nothing of its own held.
+	other := dlock.New(store.Backend())
+	defer other.Close()
+	tctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if _, err := other.AcquireMany(tctx, []string{"order:0", "order:1"}); !errors.Is(err, dlock.ErrNotAcquired) {
+		t.Fatalf("overlapping AcquireMany: got %v, want ErrNotAcquired", err)
+	}
+	if l, err := other.TryAcquire(ctx, "order:0"); err != nil {
+		t.Fatalf("order:0 left held after a failed AcquireMany: %v", err)
+	} else {
+		l.Release(ctx)
+	}
+	for _, l := range ls {
+		l.Release(ctx)
+	}
+	for _, tc := range []struct {
+		name string
+		keys []string
+	}{{"none", nil}, {"duplicate", []string{"a", "b", "a"}}, {"empty", []string{"a", ""}}} {
+		if _, err := c.AcquireMany(ctx, tc.keys); !errors.Is(err, dlock.ErrInvalidKey) {
+			t.Fatalf("AcquireMany %s: got %v, want ErrInvalidKey", tc.name, err)
+		}
+	}
+}
+
+// TestAcquireManyNoDeadlock: goroutines with random overlapping key sets
+// all finish.
+func TestAcquireManyNoDeadlock(t *testing.T) {
+	store := memlock.NewStore()
+	keys := []string{"a", "b", "c", "d", "e"}
+	var wg sync.WaitGroup
+	var done atomic.Int64
+	for g := 0; g < 8; g++ {
+		c := dlock.New(store.Backend())
+		defer c.Close()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 50; i++ {
+				set := []string{keys[(g+i)%5], keys[(g*3+i+1)%5], keys[(i+2)%5]}
+				set = slices.Compact(slices.Sorted(slices.Values(set)))
+				slices.Reverse(set)
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				ls, err := c.AcquireMany(ctx, set)
+				cancel()
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				for _, l := range ls {
+					l.Release(context.Background())
+				}
+				done.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if done.Load() != 8*50 {
+		t.Fatalf("completed: got %d, want %d", done.Load(), 8*50)
 	}
 }

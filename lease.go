@@ -174,10 +174,12 @@ func (l *Lease) Refresh(ctx context.Context, ttl time.Duration) error {
 // a network error the lease still ends and stops being renewed: the lock
 // expires by itself by Expires.
 func (l *Lease) Release(ctx context.Context) error {
-	err := l.release(ctx)
-	if len(l.observers) > 0 {
-		observe(ctx, l.observers, Event{Kind: EventReleased, Key: l.req.Key, Lease: l, Err: err, Duration: time.Since(l.created)})
+	if len(l.observers) == 0 || ctx == nil {
+		return l.release(ctx)
 	}
+	ctx = observe(ctx, l.observers, Event{Kind: EventReleaseStart, Key: l.req.Key, Lease: l})
+	err := l.release(ctx)
+	observe(ctx, l.observers, Event{Kind: EventReleased, Key: l.req.Key, Lease: l, Err: err, Duration: time.Since(l.created)})
 	return err
 }
 

@@ -33,9 +33,13 @@ const (
 	EventLost
 	// EventReleased: Release ended (Err, Duration is how long it was held).
 	EventReleased
+	// EventReleaseStart: Release begins (Lease set). The context an
+	// observer returns is used for the rest of the call (the backend's
+	// Release and EventReleased), so a tracer can start a span here.
+	EventReleaseStart
 )
 
-var eventNames = [...]string{"", "acquire_start", "attempt", "wait_start", "wait_end", "acquire_end", "renewed", "lost", "released"}
+var eventNames = [...]string{"", "acquire_start", "attempt", "wait_start", "wait_end", "acquire_end", "renewed", "lost", "released", "release_start"}
 
 // String returns the event's snake_case name, e.g. "acquire_end".
 func (k EventKind) String() string {

@@ -162,6 +162,7 @@ func (c *Client) settle(r renewResult) {
 	now := time.Now()
 	var lost []*Lease
 	var causes []error
+	report := make([]bool, len(r.leases)) // leases still live: their renewal is news
 	c.mu.Lock()
 	for i, l := range r.leases {
 		l.inflight = false
@@ -179,6 +180,7 @@ func (c *Client) settle(r renewResult) {
 		if ended || l.releasingLocked() {
 			continue
 		}
+		report[i] = true
 		switch {
 		case err == nil:
 			l.next = r.invoke.Add(ttl / 3)
@@ -196,7 +198,7 @@ func (c *Client) settle(r renewResult) {
 	}
 	c.mu.Unlock()
 	for i, l := range r.leases {
-		if len(l.observers) > 0 {
+		if report[i] && len(l.observers) > 0 {
 			observe(context.Background(), l.observers, Event{Kind: EventRenewed, Key: l.req.Key, Lease: l, Err: r.errs[i]})
 		}
 	}
