@@ -3,8 +3,11 @@ module github.com/dlock-go/dlock
 go 1.24
 
 require (
+	github.com/redis/go-redis/v9 v9.20.1
+	go.uber.org/goleak v1.3.0
+)
+
+require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
-	github.com/redis/go-redis/v9 v9.20.1 // indirect
 	go.uber.org/atomic v1.11.0 // indirect
-	go.uber.org/goleak v1.3.0 // indirect
 )

@@ -1,0 +1,101 @@
+// Package redislock is the Redis backend of dlock: locks on a single Redis
+// server, a Sentinel-managed primary (redis.NewFailoverClient) or a Redis
+// Cluster, through any go-redis v9 client (see Client).
+//
+//	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+//	c := dlock.New(redislock.New(rdb), dlock.WithTTL(10*time.Second))
+//	defer c.Close()
+//
+// The Backend does one round trip per operation and holds no policy: the
+// dlock.Client waits, renews and reports lost leases.
+//
+// # Keys
+//
+// A lock on KEY uses three names that share the Redis Cluster hash tag
+// {KEY}, so they live in one slot and the scripts may touch them together:
+//
+//	dlock:{KEY}        the lock: a hash {owner, count, fence[, wait]} whose
+//	                   TTL is the lease's; owner is the owner token, count
+//	                   the reentrant hold count, fence the grant's fencing
+//	                   token, wait a flag set when someone found it held
+//	dlock:{KEY}:fence  the fence counter: the last fence issued for KEY, a
+//	                   string with no TTL (one per key ever locked)
+//	dlock:{KEY}:rel    the release channel, PUBLISHed to when the lock is
+//	                   freed while someone waits for it
+//
+// The prefix "dlock:" is set with WithPrefix. A key that starts with '}'
+// or '\' gets a leading '\' inside the braces (an empty tag would split
+// the names over several slots). Backend.LockName returns the lock's name.
+//
+// # Scripts
+//
+// Each operation is one Lua script, in the .lua files of this package
+// (embedded with go:embed), run with EVALSHA and, when the server answers
+// NOSCRIPT (after a restart or SCRIPT FLUSH), again with the source:
+//
+//   - acquire.lua takes a free lock (new hash, count 1, a new fence),
+//     re-enters one the token holds (count + 1, same fence, TTL refreshed)
+//     or reports the holder's PTTL, which bounds the waiter's next wait;
+//   - release.lua compares the owner token (and the grant's fence), then
+//     decrements the count or deletes the lock, PUBLISHing on the release
+//     channel if an attempt found the lock held meanwhile;
+//   - refresh.lua compares the owner token and fence and sets the TTL;
+//     RefreshMany sends one refresh per lease in ONE pipeline (one round
+//     trip per server; a ClusterClient splits it by node);
+//   - inspect.lua reads a lock, or deletes it for ForceRelease.
+//
+// Release and Refresh change nothing when the token does not hold the lock
+// and return an error matching dlock.ErrNotHeld. A lock or fence key that
+// holds another type of value (a user's list under the same name) is never
+// overwritten: the call fails with an error matching dlock.ErrWrongType that
+// names the key.
+//
+// # Fencing
+//
+// acquire.lua issues fence = max(last fence + 1, server TIME in µs) and
+// stores it in the fence counter. While the counter lives, fences strictly
+// increase. They stay strictly increasing when the counter is lost too
+// (DEL of every key, a restart without persistence, an older snapshot
+// restored, a failover to a replica that lagged): the next fence is at
+// least the server's time, and every fence issued before was at most the
+// server's time when it was issued. A fence runs ahead of the clock only
+// if a key is granted more than once per microsecond, which cannot happen:
+// each grant needs a release or an expiry in between, and every script
+// takes more than a microsecond. The assumption is that the server clock
+// (after a failover, the new primary's clock) never steps back by more
+// than the time between the last grant before the loss and the first one
+// after it. µs since 1970 stay exact in Lua's doubles (below 2^53) until
+// the year 2255.
+//
+// # What it does not protect
+//
+// Redis replicates asynchronously: a lock granted by a primary that fails
+// before the write reaches its replica is gone after a Sentinel or Cluster
+// failover, and a second client can then take it while the first still
+// believes it holds it. The fences stay increasing (see above), so a
+// resource that checks them (package fence) still rejects the older
+// holder's writes; mutual exclusion alone is not guaranteed across a
+// failover. Use Redlock (package redlock) over independent servers, or etcd
+// or ZooKeeper, when that matters. Lock expiry runs on the server's clock:
+// a clock that jumps forward expires locks early.
+//
+// # Waiting
+//
+// The Backend implements dlock.Notifier: waiters are woken by the release
+// channel, over ONE pub/sub connection per Backend shared by all its
+// waiters (Subscribe returns once the server confirmed the subscription;
+// each channel is subscribed while it has waiters). The Client bounds each
+// wait by the holder's remaining TTL, so a lost message (a reconnect, an
+// expiry, which publishes nothing) costs at most that. In a Cluster the
+// channel is an ordinary one (PUBLISH reaches every node), so one
+// connection hears every release. A *redis.Ring is refused for that reason:
+// its shards do not share messages. There is no server-side queue yet, so
+// the Client refuses WithFIFO.
+//
+// # Contexts
+//
+// Every call returns when its context ends, whatever the go-redis timeout
+// settings: with a context that can be cancelled, the command runs on a
+// helper goroutine that finishes within the client's ReadTimeout, and a
+// grant that arrives after the caller gave up is released at once.
+package redislock

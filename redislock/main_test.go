@@ -1,0 +1,123 @@
+package redislock_test
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/testserver"
+	"github.com/dlock-go/dlock/redislock"
+)
+
+// Servers shared by the tests of this package, started once by TestMain.
+var (
+	srv  *testserver.Redis // paused and resumed by the conformance suite
+	srv2 *testserver.Redis // killed and restarted (no persistence)
+)
+
+// testMain stops the servers after the tests and before goleak looks for
+// leaked goroutines (the testserver package keeps one while servers run).
+type testMain struct{ m *testing.M }
+
+func (tm testMain) Run() int {
+	code := tm.m.Run()
+	if err := testserver.StopAll(srv, srv2); err != nil {
+		fmt.Fprintln(os.Stderr, "redislock tests: stop servers:", err)
+		if code == 0 {
+			code = 1
+		}
+	}
+	return code
+}
+
+// quietLogger drops go-redis' log lines (dial failures the tests cause
+// on purpose).
+type quietLogger struct{}
+
+func (quietLogger) Printf(context.Context, string, ...any) {}
+
+func TestMain(m *testing.M) {
+	redis.SetLogger(quietLogger{})
+	servers, err := testserver.StartRedisN(2, testserver.RedisOptions{})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "redislock tests:", err)
+		os.Exit(1)
+	}
+	srv, srv2 = servers[0], servers[1]
+	goleak.VerifyTestMain(testMain{m})
+}
+
+// newRDB returns a go-redis client for addr, closed when the test ends.
+func newRDB(t testing.TB, addr string, edit ...func(*redis.Options)) *redis.Client {
+	t.Helper()
+	opt := &redis.Options{Addr: addr}
+	for _, e := range edit {
+		e(opt)
+	}
+	rdb := redis.NewClient(opt)
+	t.Cleanup(func() { rdb.Close() })
+	return rdb
+}
+
+// newBackend returns a Backend on rdb, closed when the test ends.
+func newBackend(t testing.TB, rdb redislock.Client, opts ...redislock.Option) *redislock.Backend {
+	t.Helper()
+	b := redislock.New(rdb, opts...)
+	if err := b.Err(); err != nil {
+		t.Fatalf("redislock.New: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := b.Close(); err != nil {
+			t.Errorf("Backend.Close: %v", err)
+		}
+	})
+	return b
+}
+
+// newClient returns a dlock.Client on a new Backend on rdb, closed when
+// the test ends (before the Backend).
+func newClient(t testing.TB, rdb redislock.Client, opts ...dlock.Option) *dlock.Client {
+	t.Helper()
+	c := dlock.New(redislock.New(rdb), opts...)
+	if err := c.Err(); err != nil {
+		t.Fatalf("dlock.New: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := c.Close(); err != nil {
+			t.Errorf("Client.Close: %v", err)
+		}
+	})
+	return c
+}
+
+// key returns a lock key unique to the test.
+func key(t testing.TB) string {
+	return strings.ReplaceAll(t.Name(), "/", ".") + "." + rand.Text()[:8]
+}
+
+func ctxT(t testing.TB, d time.Duration) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// waitFor polls cond every millisecond until it holds or d passes.
+func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

@@ -1,0 +1,473 @@
+package redislock_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/redislock"
+)
+
+// pubsubConns counts the server's pub/sub connections named name: those
+// subscribed to something, or whose last command unsubscribed.
+func pubsubConns(t *testing.T, rdb *redis.Client, name string) int {
+	t.Helper()
+	list, err := rdb.ClientList(context.Background()).Result()
+	if err != nil {
+		t.Fatalf("CLIENT LIST: %v", err)
+	}
+	n := 0
+	for _, line := range strings.Split(list, "\n") {
+		if strings.Contains(line, " name="+name+" ") &&
+			(strings.Contains(line, " flags=P") || strings.Contains(line, " cmd=unsubscribe")) {
+			n++
+		}
+	}
+	return n
+}
+
+// publishCalls returns how many PUBLISH commands the server has run.
+func publishCalls(t *testing.T, rdb *redis.Client) int {
+	t.Helper()
+	stats, err := rdb.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatalf("INFO commandstats: %v", err)
+	}
+	for _, line := range strings.Split(stats, "\n") {
+		if rest, ok := strings.CutPrefix(line, "cmdstat_publish:calls="); ok {
+			n, _ := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
+			return n
+		}
+	}
+	return 0
+}
+
+// numSub returns the number of subscribers of a channel.
+func numSub(t *testing.T, rdb *redis.Client, channel string) int64 {
+	t.Helper()
+	m, err := rdb.PubSubNumSub(context.Background(), channel).Result()
+	if err != nil {
+		t.Fatalf("PUBSUB NUMSUB: %v", err)
+	}
+	return m[channel]
+}
+
+// TestSharedSubscription has waiters on several keys (two on one key)
+// and counts the Backend's pub/sub connections on the server: exactly one.
+// It also checks the per-channel reference counts: one server
+// subscription per key, dropped after the last waiter.
+func TestSharedSubscription(t *testing.T) {
+	admin := newRDB(t, srv.Addr())
+	name := "shared-" + strings.ToLower(key(t)[len(t.Name())+1:])
+	rdb := newRDB(t, srv.Addr(), func(o *redis.Options) { o.ClientName = name })
+	b := redislock.New(rdb)
+	c := dlock.New(b, dlock.WithWait(dlock.Constant(10*time.Second)))
+	t.Cleanup(func() { c.Close() })
+	holders := newClient(t, newRDB(t, srv.Addr()))
+	ctx := ctxT(t, 30*time.Second)
+
+	keys := []string{key(t), key(t), key(t), key(t)}
+	var leases []*dlock.Lease
+	for _, k := range keys {
+		l, err := holders.Acquire(ctx, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases = append(leases, l)
+	}
+	// Waiters: one per key, plus a second one on keys[0].
+	waitKeys := append([]string{keys[0]}, keys...)
+	var wg sync.WaitGroup
+	got := make(chan *dlock.Lease, len(waitKeys))
+	errc := make(chan error, len(waitKeys))
+	for _, k := range waitKeys {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l, err := c.Acquire(ctx, k)
+			if err != nil {
+				errc <- err
+				return
+			}
+			got <- l
+		}()
+	}
+	channel := func(k string) string { return b.LockName(k) + ":rel" }
+	waitFor(t, 10*time.Second, "every key's channel subscribed", func() bool {
+		for _, k := range keys {
+			if numSub(t, admin, channel(k)) != 1 {
+				return false
+			}
+		}
+		return true
+	})
+	if n := pubsubConns(t, admin, name); n != 1 {
+		t.Fatalf("pub/sub connections of one Backend with %d waiters on %d keys: got %d, want 1", len(waitKeys), len(keys), n)
+	}
+	// Release everything; each waiter gets its key in turn.
+	for _, l := range leases {
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range waitKeys {
+		select {
+		case l := <-got:
+			if err := l.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+		case err := <-errc:
+			t.Fatalf("waiter: %v", err)
+		case <-time.After(5 * time.Second):
+			t.Fatal("a waiter was not woken within 5s of the releases (its strategy waits 10s)")
+		}
+	}
+	wg.Wait()
+	waitFor(t, 5*time.Second, "every channel unsubscribed after the last waiter", func() bool {
+		for _, k := range keys {
+			if numSub(t, admin, channel(k)) != 0 {
+				return false
+			}
+		}
+		return true
+	})
+	if n := pubsubConns(t, admin, name); n != 1 {
+		t.Fatalf("pub/sub connections after the waits: got %d, want 1 (kept until Close)", n)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the pub/sub connection closed by Close", func() bool {
+		return pubsubConns(t, admin, name) == 0
+	})
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		t.Fatalf("the go-redis client after Close: %v", err)
+	}
+}
+
+// TestSubscribeFanOut subscribes twice to one key on one Backend: one
+// server subscription, both subscribers notified by a release, and the
+// channel stays subscribed until the second one stops.
+func TestSubscribeFanOut(t *testing.T) {
+	admin := newRDB(t, srv.Addr())
+	b := newBackend(t, newRDB(t, srv.Addr()))
+	ctx := ctxT(t, 10*time.Second)
+	r := req(key(t), time.Minute)
+	channel := b.LockName(r.Key) + ":rel"
+	ch1, stop1, err := b.Subscribe(ctx, r.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Subscribe returned: the server has the subscription.
+	if n := numSub(t, admin, channel); n != 1 {
+		t.Fatalf("NUMSUB after Subscribe returned: got %d, want 1", n)
+	}
+	ch2, stop2, err := b.Subscribe(ctx, r.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := numSub(t, admin, channel); n != 1 {
+		t.Fatalf("NUMSUB with two subscribers on one Backend: got %d, want 1", n)
+	}
+	// An attempt that finds the lock held marks it as waited on: its
+	// release is published.
+	contend := func() {
+		t.Helper()
+		other := dlock.Request{Key: r.Key, Token: "other", TTL: time.Second}
+		if g, err := b.TryAcquire(ctx, other); err != nil || g.OK {
+			t.Fatalf("TryAcquire by another token: got %+v, %v, want not granted", g, err)
+		}
+	}
+	for i := 0; i < 3; i++ {
+		mustGrant(t, b, r)
+		contend()
+		if err := b.Release(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+		for j, ch := range []<-chan struct{}{ch1, ch2} {
+			select {
+			case <-ch:
+			case <-time.After(5 * time.Second):
+				t.Fatalf("release %d: subscriber %d not notified", i, j+1)
+			}
+		}
+	}
+	// An uncontended release publishes nothing.
+	before := publishCalls(t, admin)
+	mustGrant(t, b, r)
+	if err := b.Release(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	if after := publishCalls(t, admin); after != before {
+		t.Fatalf("PUBLISH calls for an uncontended release: got %d, want 0", after-before)
+	}
+	// A reentrant release that keeps the lock held notifies nobody.
+	r.Reentrant = true
+	mustGrant(t, b, r)
+	mustGrant(t, b, r)
+	contend()
+	if err := b.Release(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Release(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ch1:
+	case <-time.After(5 * time.Second):
+		t.Fatal("last reentrant release: not notified")
+	}
+	select {
+	case <-ch1:
+		t.Fatal("two notifications for one freeing release")
+	default:
+	}
+	stop1()
+	stop1() // idempotent
+	if n := numSub(t, admin, channel); n != 1 {
+		t.Fatalf("NUMSUB after the first of two stopped: got %d, want 1", n)
+	}
+	stop2()
+	waitFor(t, 5*time.Second, "UNSUBSCRIBE after the last subscriber", func() bool {
+		return numSub(t, admin, channel) == 0
+	})
+	// Subscribe again after the unsubscription.
+	_, stop3, err := b.Subscribe(ctx, r.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := numSub(t, admin, channel); n != 1 {
+		t.Fatalf("NUMSUB after resubscribing: got %d, want 1", n)
+	}
+	stop3()
+}
+
+// TestSubscribeChurn subscribes and unsubscribes one key from many
+// goroutines at once: every Subscribe that returns is confirmed (a
+// release right after it is seen), and nothing stays subscribed.
+func TestSubscribeChurn(t *testing.T) {
+	admin := newRDB(t, srv.Addr())
+	b := newBackend(t, newRDB(t, srv.Addr()))
+	pub := newBackend(t, newRDB(t, srv.Addr()))
+	ctx := ctxT(t, 30*time.Second)
+	k := key(t)
+	var wg sync.WaitGroup
+	errc := make(chan error, 8)
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 30; i++ {
+				ch, stop, err := b.Subscribe(ctx, k)
+				if err != nil {
+					errc <- err
+					return
+				}
+				if i%3 == 0 {
+					// The subscription is live: a release is delivered.
+					r := dlock.Request{Key: k, Token: "churn", TTL: time.Second, Reentrant: true}
+					other := dlock.Request{Key: k, Token: "other", TTL: time.Second}
+					if _, err := pub.TryAcquire(ctx, r); err != nil {
+						errc <- err
+						stop()
+						return
+					}
+					if _, err := pub.TryAcquire(ctx, other); err != nil {
+						errc <- err
+						stop()
+						return
+					}
+					if err := pub.Release(ctx, r); err != nil && !errors.Is(err, dlock.ErrNotHeld) {
+						errc <- err
+						stop()
+						return
+					}
+					select {
+					case <-ch:
+					case <-time.After(5 * time.Second):
+						errc <- errors.New("subscription confirmed but a release was not delivered")
+						stop()
+						return
+					}
+				}
+				stop()
+			}
+		}()
+	}
+	wg.Wait()
+	close(errc)
+	for err := range errc {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "no subscription left", func() bool {
+		return numSub(t, admin, b.LockName(k)+":rel") == 0
+	})
+}
+
+// TestWokenByNotification: a waiter whose strategy would wait 10s between
+// attempts gets the lock promptly after the holder releases it.
+func TestWokenByNotification(t *testing.T) {
+	rdb := newRDB(t, srv.Addr())
+	holder := newClient(t, rdb, dlock.WithTTL(time.Minute))
+	waiter := newClient(t, newRDB(t, srv.Addr()), dlock.WithWait(dlock.Constant(10*time.Second)))
+	ctx := ctxT(t, 30*time.Second)
+	k := key(t)
+	channel := redislock.New(rdb).LockName(k) + ":rel"
+	for i := 0; i < 3; i++ {
+		l, err := holder.Acquire(ctx, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan *dlock.Lease, 1)
+		errc := make(chan error, 1)
+		go func() {
+			l, err := waiter.Acquire(ctx, k)
+			if err != nil {
+				errc <- err
+				return
+			}
+			got <- l
+		}()
+		waitFor(t, 5*time.Second, "the waiter to subscribe", func() bool {
+			return numSub(t, rdb, channel) == 1
+		})
+		released := time.Now()
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case l2 := <-got:
+			d := time.Since(released)
+			t.Logf("round %d: waiter acquired %v after the release", i, d)
+			if d > 500*time.Millisecond {
+				t.Fatalf("waiter acquired %v after the release, want well below its 10s strategy (< 500ms)", d)
+			}
+			if err := l2.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+		case err := <-errc:
+			t.Fatal(err)
+		case <-time.After(5 * time.Second):
+			t.Fatal("waiter not woken within 5s of the release")
+		}
+	}
+}
+
+// TestWaitBoundedByHolderTTL: the holder never releases (TTL 300ms, no
+// renewal); a waiter with a 10s strategy gets the lock shortly after the
+// holder's lease expires: its wait is bounded by the holder's PTTL.
+func TestWaitBoundedByHolderTTL(t *testing.T) {
+	const ttl = 300 * time.Millisecond
+	holder := newClient(t, newRDB(t, srv.Addr()), dlock.WithTTL(ttl), dlock.WithAutoRenew(false))
+	waiter := newClient(t, newRDB(t, srv.Addr()), dlock.WithWait(dlock.Constant(10*time.Second)))
+	ctx := ctxT(t, 30*time.Second)
+	k := key(t)
+	start := time.Now()
+	h, err := holder.Acquire(ctx, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := waiter.Acquire(ctx, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := time.Since(start)
+	t.Logf("waiter acquired %v after the holder (TTL %v)", d, ttl)
+	if l.Fence() <= h.Fence() {
+		t.Fatalf("fence: got %d, want > %d", l.Fence(), h.Fence())
+	}
+	if d < ttl-drift(ttl) {
+		t.Fatalf("waiter acquired %v after the holder, before its TTL %v ran out", d, ttl)
+	}
+	if d > ttl+200*time.Millisecond {
+		t.Fatalf("waiter acquired %v after the holder, want shortly after its TTL %v (< +200ms), not after the 10s strategy", d, ttl)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func drift(ttl time.Duration) time.Duration { return ttl/100 + min(2*time.Millisecond, ttl/4) }
+
+// TestSubscriptionSurvivesReconnect kills the Backend's pub/sub
+// connection on the server: the subscription comes back by itself, the
+// waiters are woken (a release may have been missed meanwhile), and later
+// releases are delivered again.
+func TestSubscriptionSurvivesReconnect(t *testing.T) {
+	admin := newRDB(t, srv.Addr())
+	name := "reconnect-" + strings.ToLower(key(t)[len(t.Name())+1:])
+	rdb := newRDB(t, srv.Addr(), func(o *redis.Options) { o.ClientName = name })
+	b := newBackend(t, rdb)
+	ctx := ctxT(t, 30*time.Second)
+	r := req(key(t), time.Minute)
+	ch, stop, err := b.Subscribe(ctx, r.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	if err := admin.ClientKillByFilter(ctx, "TYPE", "pubsub").Err(); err != nil {
+		t.Fatalf("CLIENT KILL TYPE pubsub: %v", err)
+	}
+	select {
+	case <-ch:
+	case <-time.After(5 * time.Second):
+		t.Fatal("waiter not woken after its subscription was re-established")
+	}
+	if n := pubsubConns(t, admin, name); n != 1 {
+		t.Fatalf("pub/sub connections after the reconnect: got %d, want 1", n)
+	}
+	mustGrant(t, b, r)
+	other := dlock.Request{Key: r.Key, Token: "other", TTL: time.Second}
+	if g, err := b.TryAcquire(ctx, other); err != nil || g.OK {
+		t.Fatalf("TryAcquire by another token: got %+v, %v, want not granted", g, err)
+	}
+	if err := b.Release(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ch:
+	case <-time.After(5 * time.Second):
+		t.Fatal("release after the reconnect not delivered")
+	}
+}
+
+// TestSubscribeServerDown checks that Subscribe fails promptly, without
+// hanging, when the server is down, and works again once it is back.
+func TestSubscribeServerDown(t *testing.T) {
+	b := newBackend(t, newRDB(t, srv2.Addr()), redislock.WithSubscribeTimeout(500*time.Millisecond))
+	ctx := ctxT(t, 30*time.Second)
+	k := key(t)
+	_, stop, err := b.Subscribe(ctx, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	if err := srv2.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_, _, err = b.Subscribe(ctx, k+"2")
+	if err == nil || !strings.Contains(err.Error(), srv2.Addr()) {
+		t.Fatalf("Subscribe with the server down: got %v, want an error naming %s", err, srv2.Addr())
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("Subscribe with the server down returned after %v", d)
+	}
+	if err := srv2.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "Subscribe to work again", func() bool {
+		_, stop, err := b.Subscribe(ctx, k)
+		if err == nil {
+			stop()
+		}
+		return err == nil
+	})
+}

@@ -1,0 +1,743 @@
+package redislock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/redislock"
+)
+
+func req(key string, ttl time.Duration) dlock.Request {
+	return dlock.Request{Key: key, Token: "tok-" + key, TTL: ttl}
+}
+
+func mustGrant(t *testing.T, b *redislock.Backend, r dlock.Request) dlock.Grant {
+	t.Helper()
+	g, err := b.TryAcquire(ctxT(t, 5*time.Second), r)
+	if err != nil {
+		t.Fatalf("TryAcquire(%q): %v", r.Key, err)
+	}
+	if !g.OK {
+		t.Fatalf("TryAcquire(%q): got %+v, want granted", r.Key, g)
+	}
+	return g
+}
+
+// TestKeyLayout checks the names and contents of the keys of one lock.
+func TestKeyLayout(t *testing.T) {
+	rdb := newRDB(t, srv.Addr())
+	b := newBackend(t, rdb, redislock.WithPrefix("app:"))
+	k := key(t)
+	lock := b.LockName(k)
+	if want := "app:{" + k + "}"; lock != want {
+		t.Fatalf("LockName: got %q, want %q", lock, want)
+	}
+	r := req(k, time.Minute)
+	g := mustGrant(t, b, r)
+	ctx := ctxT(t, 5*time.Second)
+	h, err := rdb.HGetAll(ctx, lock).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"owner": r.Token, "count": "1", "fence": strconv.FormatUint(g.Fence, 10)}
+	if fmt.Sprint(h) != fmt.Sprint(want) {
+		t.Fatalf("lock hash: got %v, want %v", h, want)
+	}
+	if pttl := rdb.PTTL(ctx, lock).Val(); pttl <= 0 || pttl > time.Minute {
+		t.Fatalf("lock PTTL: got %v, want in (0, 1m]", pttl)
+	}
+	counter, err := rdb.Get(ctx, lock+":fence").Uint64()
+	if err != nil || counter != g.Fence {
+		t.Fatalf("fence counter: got %d, %v, want %d", counter, err, g.Fence)
+	}
+	if ttl := rdb.TTL(ctx, lock+":fence").Val(); ttl != -1 {
+		t.Fatalf("fence counter TTL: got %v, want none (-1)", ttl)
+	}
+	// The fence is the server time in µs (the counter started empty).
+	now := rdb.Time(ctx).Val()
+	if d := now.Sub(time.UnixMicro(int64(g.Fence))); d < 0 || d > time.Minute {
+		t.Fatalf("fence %d is %v before the server time %v, want a recent server time in µs", g.Fence, d, now)
+	}
+	if err := b.Release(ctx, r); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if n := rdb.Exists(ctx, lock).Val(); n != 0 {
+		t.Fatalf("lock key after Release: EXISTS got %d, want 0", n)
+	}
+}
+
+// TestReentrant checks the hold count, the shared fence and the TTL
+// refresh of nested holds, and that only the last release frees the lock.
+func TestReentrant(t *testing.T) {
+	rdb := newRDB(t, srv.Addr())
+	b := newBackend(t, rdb)
+	ctx := ctxT(t, 5*time.Second)
+	r := req(key(t), time.Second)
+	r.Reentrant = true
+	first := mustGrant(t, b, r)
+	lock := b.LockName(r.Key)
+	rdb.PExpire(ctx, lock, 100*time.Millisecond)
+	r.TTL = time.Minute
+	second := mustGrant(t, b, r)
+	if second.Fence != first.Fence || second.Count != 2 {
+		t.Fatalf("nested grant: got fence %d count %d, want fence %d count 2", second.Fence, second.Count, first.Fence)
+	}
+	if pttl := rdb.PTTL(ctx, lock).Val(); pttl < 30*time.Second {
+		t.Fatalf("PTTL after a nested grant with TTL 1m: got %v, want it refreshed", pttl)
+	}
+	other := dlock.Request{Key: r.Key, Token: "someone-else", TTL: time.Second, Reentrant: true}
+	if g, err := b.TryAcquire(ctx, other); err != nil || g.OK || g.HolderTTL < 30*time.Second {
+		t.Fatalf("TryAcquire by another owner: got %+v, %v, want not granted with HolderTTL ≈ 1m", g, err)
+	}
+	r.Fence = first.Fence
+	if err := b.Release(ctx, r); err != nil {
+		t.Fatalf("first Release: %v", err)
+	}
+	if got := rdb.HGet(ctx, lock, "count").Val(); got != "1" {
+		t.Fatalf("count after one release: got %q, want 1", got)
+	}
+	if err := b.Release(ctx, r); err != nil {
+		t.Fatalf("last Release: %v", err)
+	}
+	if n := rdb.Exists(ctx, lock).Val(); n != 0 {
+		t.Fatalf("lock after the last release: EXISTS got %d, want 0", n)
+	}
+	if err := b.Release(ctx, r); !errors.Is(err, dlock.ErrNotHeld) {
+		t.Fatalf("one release too many: got %v, want ErrNotHeld", err)
+	}
+}
+
+// TestNotHeldChangesNothing checks that Release and Refresh with a wrong
+// token or a wrong fence return ErrNotHeld and leave the lock alone.
+func TestNotHeldChangesNothing(t *testing.T) {
+	rdb := newRDB(t, srv.Addr())
+	b := newBackend(t, rdb)
+	ctx := ctxT(t, 5*time.Second)
+	r := req(key(t), time.Minute)
+	g := mustGrant(t, b, r)
+	lock := b.LockName(r.Key)
+	before := rdb.HGetAll(ctx, lock).Val()
+	wrongToken := dlock.Request{Key: r.Key, Token: "intruder", TTL: time.Hour, Fence: g.Fence}
+	wrongFence := dlock.Request{Key: r.Key, Token: r.Token, TTL: time.Hour, Fence: g.Fence - 1}
+	for _, bad := range []dlock.Request{wrongToken, wrongFence} {
+		if err := b.Refresh(ctx, bad); !errors.Is(err, dlock.ErrNotHeld) {
+			t.Fatalf("Refresh(%+v): got %v, want ErrNotHeld", bad, err)
+		}
+		if err := b.Release(ctx, bad); !errors.Is(err, dlock.ErrNotHeld) {
+			t.Fatalf("Release(%+v): got %v, want ErrNotHeld", bad, err)
+		}
+	}
+	if after := rdb.HGetAll(ctx, lock).Val(); fmt.Sprint(after) != fmt.Sprint(before) {
+		t.Fatalf("lock after refused calls: got %v, want %v", after, before)
+	}
+	if pttl := rdb.PTTL(ctx, lock).Val(); pttl > time.Minute {
+		t.Fatalf("PTTL after a refused Refresh(1h): got %v, want ≤ 1m", pttl)
+	}
+	// A key nobody holds.
+	if err := b.Release(ctx, req(key(t), time.Second)); !errors.Is(err, dlock.ErrNotHeld) {
+		t.Fatalf("Release of a free key: got %v, want ErrNotHeld", err)
+	}
+}
+
+// TestFenceMonotonic checks that fences strictly increase after the lock
+// expires, after DEL of every key of the lock, and after a restart of a
+// server without persistence.
+func TestFenceMonotonic(t *testing.T) {
+	t.Run("AfterExpiry", func(t *testing.T) {
+		rdb := newRDB(t, srv.Addr())
+		b := newBackend(t, rdb)
+		k := key(t)
+		last := mustGrant(t, b, req(k, 20*time.Millisecond)).Fence
+		for i := 0; i < 5; i++ {
+			waitFor(t, 5*time.Second, "the lock to expire", func() bool {
+				return rdb.Exists(context.Background(), b.LockName(k)).Val() == 0
+			})
+			f := mustGrant(t, b, req(k, 20*time.Millisecond)).Fence
+			if f <= last {
+				t.Fatalf("fence after expiry %d: got %d, want > %d", i, f, last)
+			}
+			last = f
+		}
+	})
+	t.Run("AfterDel", func(t *testing.T) {
+		rdb := newRDB(t, srv.Addr())
+		b := newBackend(t, rdb)
+		ctx := ctxT(t, 5*time.Second)
+		k := key(t)
+		lock := b.LockName(k)
+		var last uint64
+		for i := 0; i < 5; i++ {
+			f := mustGrant(t, b, req(k, time.Minute)).Fence
+			if f <= last {
+				t.Fatalf("fence after DEL %d: got %d, want > %d", i, f, last)
+			}
+			last = f
+			if n := rdb.Del(ctx, lock, lock+":fence").Val(); n != 2 {
+				t.Fatalf("DEL of the lock and its fence counter: got %d, want 2", n)
+			}
+		}
+	})
+	t.Run("AfterRestart", func(t *testing.T) {
+		rdb := newRDB(t, srv2.Addr())
+		b := newBackend(t, rdb)
+		k := key(t)
+		ctx := ctxT(t, 30*time.Second)
+		var last uint64
+		for i := 0; i < 3; i++ {
+			// Several grants just before the restart push the counter past
+			// the clock as far as it can go.
+			for j := 0; j < 10; j++ {
+				r := req(k, time.Minute)
+				f := mustGrant(t, b, r).Fence
+				if f <= last {
+					t.Fatalf("fence before restart %d: got %d, want > %d", i, f, last)
+				}
+				last = f
+				if err := b.Release(ctx, r); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := srv2.Kill(); err != nil {
+				t.Fatal(err)
+			}
+			if err := srv2.Restart(); err != nil {
+				t.Fatal(err)
+			}
+			if n := rdb.DBSize(ctx).Val(); n != 0 {
+				t.Fatalf("DBSIZE after restart without persistence: got %d, want 0", n)
+			}
+		}
+		if f := mustGrant(t, b, req(k, time.Minute)).Fence; f <= last {
+			t.Fatalf("fence after restart: got %d, want > %d", f, last)
+		}
+	})
+}
+
+// flushHook counts the scripts sent with EVAL or SCRIPT LOAD (the NOSCRIPT
+// fallbacks) and the pipelines.
+type flushHook struct {
+	mu        sync.Mutex
+	evals     int
+	pipelines int
+	evalPipes int // pipelines that contained an EVAL
+}
+
+func (h *flushHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *flushHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.count([]redis.Cmder{cmd})
+		return next(ctx, cmd)
+	}
+}
+func (h *flushHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if h.count(cmds) > 0 {
+			h.mu.Lock()
+			h.evalPipes++
+			h.mu.Unlock()
+		}
+		h.mu.Lock()
+		h.pipelines++
+		h.mu.Unlock()
+		return next(ctx, cmds)
+	}
+}
+func (h *flushHook) count(cmds []redis.Cmder) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, c := range cmds {
+		args := c.Args()
+		if c.Name() == "eval" || c.Name() == "script" && len(args) > 1 && args[1] == "load" {
+			n++
+		}
+	}
+	h.evals += n
+	return n
+}
+func (h *flushHook) pipes() (all, withEval int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.pipelines, h.evalPipes
+}
+func (h *flushHook) take() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := h.evals
+	h.evals = 0
+	return n
+}
+
+// TestScriptFlush runs every operation right after SCRIPT FLUSH: each one
+// still works, through the EVAL fallback.
+func TestScriptFlush(t *testing.T) {
+	rdb := newRDB(t, srv.Addr())
+	hook := &flushHook{}
+	rdb.AddHook(hook)
+	b := newBackend(t, rdb)
+	ctx := ctxT(t, 5*time.Second)
+	flush := func() {
+		t.Helper()
+		if err := rdb.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatalf("SCRIPT FLUSH: %v", err)
+		}
+		hook.take()
+	}
+	usedEval := func(what string) {
+		t.Helper()
+		if n := hook.take(); n == 0 {
+			t.Fatalf("%s after SCRIPT FLUSH: no EVAL or SCRIPT LOAD sent, want the NOSCRIPT fallback", what)
+		}
+	}
+	r1, r2 := req(key(t), time.Second), req(key(t), time.Second)
+
+	flush()
+	g1 := mustGrant(t, b, r1)
+	usedEval("TryAcquire")
+	r1.Fence = g1.Fence
+	r2.Fence = mustGrant(t, b, r2).Fence
+
+	flush()
+	r1.TTL = time.Minute
+	if err := b.Refresh(ctx, r1); err != nil {
+		t.Fatalf("Refresh after SCRIPT FLUSH: %v", err)
+	}
+	usedEval("Refresh")
+	if pttl := rdb.PTTL(ctx, b.LockName(r1.Key)).Val(); pttl < 30*time.Second {
+		t.Fatalf("PTTL after Refresh(1m): got %v", pttl)
+	}
+
+	flush()
+	r2.TTL = time.Minute
+	lost := dlock.Request{Key: key(t), Token: "nobody", TTL: time.Minute}
+	errs := b.RefreshMany(ctx, []dlock.Request{r1, r2, lost})
+	usedEval("RefreshMany")
+	if errs[0] != nil || errs[1] != nil || !errors.Is(errs[2], dlock.ErrNotHeld) {
+		t.Fatalf("RefreshMany after SCRIPT FLUSH: got %v, want [nil nil ErrNotHeld]", errs)
+	}
+	if pttl := rdb.PTTL(ctx, b.LockName(r2.Key)).Val(); pttl < 30*time.Second {
+		t.Fatalf("PTTL after RefreshMany(1m): got %v", pttl)
+	}
+
+	flush()
+	if err := b.Release(ctx, r1); err != nil {
+		t.Fatalf("Release after SCRIPT FLUSH: %v", err)
+	}
+	usedEval("Release")
+	if n := rdb.Exists(ctx, b.LockName(r1.Key)).Val(); n != 0 {
+		t.Fatalf("lock after Release: EXISTS got %d, want 0", n)
+	}
+	// And through a Client with the watchdog (RefreshMany of two leases).
+	flush()
+	c := newClient(t, rdb, dlock.WithTTL(300*time.Millisecond))
+	l1, err := c.Acquire(ctx, key(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l2, err := c.Acquire(ctx, key(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, evalPipes := hook.pipes()
+	flush()
+	waitFor(t, 5*time.Second, "a renewal batch through the NOSCRIPT fallback", func() bool {
+		_, n := hook.pipes()
+		return n > evalPipes || hook.take() > 0
+	})
+	all, _ := hook.pipes()
+	waitFor(t, 5*time.Second, "two more renewal batches", func() bool {
+		n, _ := hook.pipes()
+		return n >= all+2
+	})
+	if l1.Err() != nil || l2.Err() != nil {
+		t.Fatalf("leases renewed across SCRIPT FLUSH: got %v, %v, want nil", l1.Err(), l2.Err())
+	}
+	if err := errors.Join(l1.Release(ctx), l2.Release(ctx)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestWrongType puts foreign values under the names of the lock and of its
+// fence counter: every call fails with ErrWrongType naming the key, and
+// the values are left intact.
+func TestWrongType(t *testing.T) {
+	rdb := newRDB(t, srv.Addr())
+	b := newBackend(t, rdb)
+	ctx := ctxT(t, 5*time.Second)
+
+	t.Run("LockKey", func(t *testing.T) {
+		r := req(key(t), time.Minute)
+		lock := b.LockName(r.Key)
+		rdb.RPush(ctx, lock, "a", "b", "c")
+		_, err := b.TryAcquire(ctx, r)
+		if !errors.Is(err, dlock.ErrWrongType) || !strings.Contains(err.Error(), lock) || !strings.Contains(err.Error(), "list") {
+			t.Fatalf("TryAcquire over a list: got %v, want ErrWrongType naming %q and list", err, lock)
+		}
+		if err := b.Refresh(ctx, r); !errors.Is(err, dlock.ErrWrongType) || !errors.Is(err, dlock.ErrNotHeld) {
+			t.Fatalf("Refresh over a list: got %v, want ErrWrongType and ErrNotHeld", err)
+		}
+		if err := b.Release(ctx, r); !errors.Is(err, dlock.ErrWrongType) || !errors.Is(err, dlock.ErrNotHeld) {
+			t.Fatalf("Release over a list: got %v, want ErrWrongType and ErrNotHeld", err)
+		}
+		if errs := b.RefreshMany(ctx, []dlock.Request{r, r}); !errors.Is(errs[0], dlock.ErrWrongType) || !errors.Is(errs[1], dlock.ErrWrongType) {
+			t.Fatalf("RefreshMany over a list: got %v, want ErrWrongType", errs)
+		}
+		// Through a Client.
+		_, err = newClient(t, rdb).TryAcquire(ctx, r.Key)
+		if !errors.Is(err, dlock.ErrWrongType) || !strings.HasPrefix(err.Error(), "dlock: ") {
+			t.Fatalf("Client.TryAcquire over a list: got %v, want a dlock error matching ErrWrongType", err)
+		}
+		if got := rdb.LRange(ctx, lock, 0, -1).Val(); strings.Join(got, ",") != "a,b,c" {
+			t.Fatalf("the list after the calls: got %v, want [a b c]", got)
+		}
+		if ttl := rdb.TTL(ctx, lock).Val(); ttl != -1 {
+			t.Fatalf("the list's TTL: got %v, want none", ttl)
+		}
+		if n := rdb.Exists(ctx, lock+":fence").Val(); n != 0 {
+			t.Fatalf("fence counter created: EXISTS got %d, want 0", n)
+		}
+	})
+	t.Run("FenceKey", func(t *testing.T) {
+		r := req(key(t), time.Minute)
+		lock := b.LockName(r.Key)
+		rdb.SAdd(ctx, lock+":fence", "x")
+		_, err := b.TryAcquire(ctx, r)
+		if !errors.Is(err, dlock.ErrWrongType) || !strings.Contains(err.Error(), lock+":fence") {
+			t.Fatalf("TryAcquire with a set as fence counter: got %v, want ErrWrongType naming %q", err, lock+":fence")
+		}
+		if n := rdb.Exists(ctx, lock).Val(); n != 0 {
+			t.Fatalf("lock created: EXISTS got %d, want 0", n)
+		}
+		if got := rdb.SMembers(ctx, lock+":fence").Val(); len(got) != 1 || got[0] != "x" {
+			t.Fatalf("the set after the call: got %v, want [x]", got)
+		}
+	})
+	t.Run("ForeignHash", func(t *testing.T) {
+		r := req(key(t), time.Minute)
+		lock := b.LockName(r.Key)
+		rdb.HSet(ctx, lock, "name", "user data")
+		if _, err := b.TryAcquire(ctx, r); !errors.Is(err, dlock.ErrWrongType) {
+			t.Fatalf("TryAcquire over a user's hash: got %v, want ErrWrongType", err)
+		}
+		if got := rdb.HGetAll(ctx, lock).Val(); len(got) != 1 || got["name"] != "user data" {
+			t.Fatalf("the hash after the call: got %v, want {name: user data}", got)
+		}
+	})
+}
+
+// freeAddr returns a loopback address nobody listens on.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return addr
+}
+
+// TestUnreachable checks that acquiring on a port nobody listens on fails
+// within the caller's 1s deadline with an error naming the address.
+func TestUnreachable(t *testing.T) {
+	addr := freeAddr(t)
+	check := func(t *testing.T, err error, took time.Duration) {
+		t.Helper()
+		if err == nil {
+			t.Fatal("acquiring on an unreachable server succeeded")
+		}
+		if took > time.Second+100*time.Millisecond {
+			t.Fatalf("returned after %v, want within the 1s deadline", took)
+		}
+		t.Logf("failed after %v: %v", took, err)
+	}
+	t.Run("Backend", func(t *testing.T) {
+		// go-redis' default dial retries outlast the deadline: the Backend
+		// returns at the deadline, naming the address.
+		b := newBackend(t, newRDB(t, addr))
+		ctx := ctxT(t, time.Second)
+		start := time.Now()
+		_, err := b.TryAcquire(ctx, req(key(t), time.Second))
+		check(t, err, time.Since(start))
+		if !strings.Contains(err.Error(), addr) || !strings.HasPrefix(err.Error(), "redislock: ") {
+			t.Fatalf("error %q does not start with \"redislock: \" and name the address %s", err, addr)
+		}
+	})
+	t.Run("Client", func(t *testing.T) {
+		// With dial retries that end before the deadline, the Client
+		// returns the Backend's error, which names the address.
+		rdb := newRDB(t, addr, func(o *redis.Options) { o.MaxRetries, o.DialerRetries = -1, 1 })
+		c := newClient(t, rdb)
+		start := time.Now()
+		_, err := c.Acquire(ctxT(t, time.Second), key(t))
+		check(t, err, time.Since(start))
+		if !strings.Contains(err.Error(), addr) || !strings.HasPrefix(err.Error(), "dlock: ") {
+			t.Fatalf("error %q does not start with \"dlock: \" and name the address %s", err, addr)
+		}
+	})
+	t.Run("ClientDeadline", func(t *testing.T) {
+		// With go-redis' default retries the deadline ends the call first:
+		// the Client reports the context's error (not the address; see
+		// the report on AcquireError).
+		c := newClient(t, newRDB(t, addr))
+		start := time.Now()
+		_, err := c.Acquire(ctxT(t, time.Second), key(t))
+		check(t, err, time.Since(start))
+		if !errors.Is(err, dlock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("got %v, want ErrNotAcquired and DeadlineExceeded", err)
+		}
+	})
+}
+
+// TestPausedServerHonoursContext checks that a server that stopped
+// answering does not hold a call past the caller's deadline, with and
+// without go-redis' ContextTimeoutEnabled. Without it (the call runs on a
+// helper goroutine) a grant that arrives after the caller gave up is
+// released at once; with it (go-redis ends the call at the deadline) the
+// grant expires with its TTL.
+func TestPausedServerHonoursContext(t *testing.T) {
+	for _, ctxTimeouts := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v", ctxTimeouts), func(t *testing.T) {
+			rdb := newRDB(t, srv2.Addr(), func(o *redis.Options) {
+				o.ContextTimeoutEnabled = ctxTimeouts
+				o.ReadTimeout = 2 * time.Second
+			})
+			b := newBackend(t, rdb)
+			if err := rdb.Ping(context.Background()).Err(); err != nil {
+				t.Fatal(err)
+			}
+			k := key(t)
+			ttl := time.Minute
+			if ctxTimeouts {
+				ttl = 500 * time.Millisecond
+			}
+			if err := srv2.Pause(); err != nil {
+				t.Fatal(err)
+			}
+			resumed := false
+			resume := func() {
+				if !resumed {
+					resumed = true
+					if err := srv2.Resume(); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			defer resume()
+			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+			defer cancel()
+			start := time.Now()
+			_, err := b.TryAcquire(ctx, req(k, ttl))
+			took := time.Since(start)
+			if !errors.Is(err, context.DeadlineExceeded) && !isTimeoutErr(err) {
+				t.Fatalf("TryAcquire on a paused server: got %v, want a deadline error", err)
+			}
+			if took > 400*time.Millisecond {
+				t.Fatalf("TryAcquire on a paused server returned after %v, want ≈ the 200ms deadline", took)
+			}
+			if !strings.Contains(err.Error(), srv2.Addr()) {
+				t.Fatalf("error %q does not name the address %s", err, srv2.Addr())
+			}
+			resume()
+			back := time.Now()
+			// The abandoned attempt may still run once the server is back;
+			// it must not leave the lock held for long.
+			waitFor(t, 5*time.Second, "the abandoned acquisition to be undone", func() bool {
+				return rdb.Exists(context.Background(), b.LockName(k)).Val() == 0
+			})
+			if d := time.Since(back); !ctxTimeouts && d > time.Second {
+				t.Fatalf("abandoned grant released %v after the server came back, want at once", d)
+			}
+			mustGrant(t, b, req(k, time.Minute))
+		})
+	}
+}
+
+func isTimeoutErr(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// TestOptions checks option validation and how its errors surface.
+func TestOptions(t *testing.T) {
+	rdb := newRDB(t, srv.Addr())
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": srv.Addr()}})
+	t.Cleanup(func() { ring.Close() })
+	ctx := ctxT(t, 5*time.Second)
+	bad := map[string]*redislock.Backend{
+		"NilClient":      redislock.New(nil),
+		"NilTypedClient": redislock.New((*redis.Client)(nil)),
+		"NilOption":      redislock.New(rdb, nil),
+		"BracePrefix":    redislock.New(rdb, redislock.WithPrefix("x{")),
+		"ClosePrefix":    redislock.New(rdb, redislock.WithPrefix("}")),
+		"LongPrefix":     redislock.New(rdb, redislock.WithPrefix(strings.Repeat("p", 257))),
+		"ZeroSubTimeout": redislock.New(rdb, redislock.WithSubscribeTimeout(0)),
+		"NegSubTimeout":  redislock.New(rdb, redislock.WithSubscribeTimeout(-time.Second)),
+	}
+	for name, b := range bad {
+		t.Run(name, func(t *testing.T) {
+			if err := b.Err(); !errors.Is(err, dlock.ErrInvalidOption) || !strings.HasPrefix(err.Error(), "redislock: ") {
+				t.Fatalf("Err: got %v, want a redislock error matching ErrInvalidOption", err)
+			}
+			if _, err := b.TryAcquire(ctx, req("k", time.Second)); !errors.Is(err, dlock.ErrInvalidOption) {
+				t.Fatalf("TryAcquire: got %v, want ErrInvalidOption", err)
+			}
+			if err := b.Release(ctx, req("k", time.Second)); !errors.Is(err, dlock.ErrInvalidOption) {
+				t.Fatalf("Release: got %v, want ErrInvalidOption", err)
+			}
+			if _, _, err := b.Subscribe(ctx, "k"); !errors.Is(err, dlock.ErrInvalidOption) {
+				t.Fatalf("Subscribe: got %v, want ErrInvalidOption", err)
+			}
+			if err := dlock.New(b).Err(); err != nil {
+				// dlock.New does not probe the backend; the first call fails.
+				t.Fatalf("dlock.New: %v", err)
+			}
+			if _, err := dlock.New(b).TryAcquire(ctx, "k"); !errors.Is(err, dlock.ErrInvalidOption) {
+				t.Fatalf("Client.TryAcquire: got %v, want ErrInvalidOption", err)
+			}
+			if err := b.Close(); err != nil {
+				t.Fatalf("Close: %v", err)
+			}
+		})
+	}
+	t.Run("EmptyPrefix", func(t *testing.T) {
+		b := newBackend(t, rdb, redislock.WithPrefix(""))
+		k := key(t)
+		if got := b.LockName(k); got != "{"+k+"}" {
+			t.Fatalf("LockName: got %q, want %q", got, "{"+k+"}")
+		}
+		mustGrant(t, b, req(k, time.Second))
+	})
+}
+
+// TestBadRequests calls the Backend directly with invalid requests.
+func TestBadRequests(t *testing.T) {
+	b := newBackend(t, newRDB(t, srv.Addr()))
+	ctx := ctxT(t, 5*time.Second)
+	cases := []struct {
+		name string
+		r    dlock.Request
+		want error
+	}{
+		{"EmptyKey", dlock.Request{Token: "t", TTL: time.Second}, dlock.ErrInvalidKey},
+		{"LongKey", dlock.Request{Key: strings.Repeat("k", dlock.MaxKeyLen+1), Token: "t", TTL: time.Second}, dlock.ErrInvalidKey},
+		{"EmptyToken", dlock.Request{Key: "k", TTL: time.Second}, dlock.ErrInvalidOption},
+		{"ZeroTTL", dlock.Request{Key: "k", Token: "t"}, dlock.ErrInvalidTTL},
+		{"SubMillisecondTTL", dlock.Request{Key: "k", Token: "t", TTL: time.Microsecond}, dlock.ErrInvalidTTL},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := b.TryAcquire(ctx, tc.r); !errors.Is(err, tc.want) {
+				t.Fatalf("TryAcquire: got %v, want %v", err, tc.want)
+			}
+			if err := b.Refresh(ctx, tc.r); !errors.Is(err, tc.want) {
+				t.Fatalf("Refresh: got %v, want %v", err, tc.want)
+			}
+			if errs := b.RefreshMany(ctx, []dlock.Request{tc.r}); !errors.Is(errs[0], tc.want) {
+				t.Fatalf("RefreshMany: got %v, want %v", errs, tc.want)
+			}
+		})
+	}
+	//lint:ignore SA1012 testing nil context handling
+	if _, err := b.TryAcquire(nil, req("k", time.Second)); !errors.Is(err, dlock.ErrInvalidOption) { //nolint:staticcheck
+		t.Fatalf("TryAcquire(nil ctx): got %v, want ErrInvalidOption", err)
+	}
+	if errs := b.RefreshMany(ctx, nil); len(errs) != 0 {
+		t.Fatalf("RefreshMany(nil): got %v, want empty", errs)
+	}
+	// A sub-millisecond remainder is rounded up, never down.
+	r := req(key(t), 1500*time.Microsecond)
+	mustGrant(t, b, r)
+}
+
+// TestInspectForceRelease checks the operator capabilities.
+func TestInspectForceRelease(t *testing.T) {
+	rdb := newRDB(t, srv.Addr())
+	b := newBackend(t, rdb)
+	ctx := ctxT(t, 5*time.Second)
+	r := req(key(t), time.Minute)
+	r.Reentrant = true
+	if info, err := b.Inspect(ctx, r.Key); err != nil || info.Held || info.Key != r.Key || info.Waiters != -1 {
+		t.Fatalf("Inspect of a free lock: got %+v, %v, want not held, Waiters -1", info, err)
+	}
+	g := mustGrant(t, b, r)
+	mustGrant(t, b, r)
+	info, err := b.Inspect(ctx, r.Key)
+	if err != nil || !info.Held || info.Owner != r.Token || info.Fence != g.Fence || info.Count != 2 || info.TTL <= 30*time.Second || info.TTL > time.Minute {
+		t.Fatalf("Inspect: got %+v, %v, want held by %q, fence %d, count 2, TTL ≈ 1m", info, err, r.Token, g.Fence)
+	}
+	ch, stop, err := b.Subscribe(ctx, r.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	forced, err := b.ForceRelease(ctx, r.Key)
+	if err != nil || forced.Owner != info.Owner || forced.Fence != info.Fence || !forced.Held {
+		t.Fatalf("ForceRelease: got %+v, %v, want what Inspect saw: %+v", forced, err, info)
+	}
+	select {
+	case <-ch:
+	case <-time.After(5 * time.Second):
+		t.Fatal("ForceRelease did not notify waiters")
+	}
+	if err := b.Refresh(ctx, r); !errors.Is(err, dlock.ErrNotHeld) {
+		t.Fatalf("Refresh by the old holder after ForceRelease: got %v, want ErrNotHeld", err)
+	}
+	if info, err := b.ForceRelease(ctx, r.Key); err != nil || info.Held {
+		t.Fatalf("ForceRelease of a free lock: got %+v, %v, want not held", info, err)
+	}
+	if g2 := mustGrant(t, b, req(r.Key, time.Second)); g2.Fence <= g.Fence {
+		t.Fatalf("fence after ForceRelease: got %d, want > %d", g2.Fence, g.Fence)
+	}
+	list := key(t)
+	rdb.RPush(ctx, b.LockName(list), "x")
+	if _, err := b.ForceRelease(ctx, list); !errors.Is(err, dlock.ErrWrongType) {
+		t.Fatalf("ForceRelease of a list: got %v, want ErrWrongType", err)
+	}
+	if _, err := b.Inspect(ctx, list); !errors.Is(err, dlock.ErrWrongType) {
+		t.Fatalf("Inspect of a list: got %v, want ErrWrongType", err)
+	}
+	if n := rdb.LLen(ctx, b.LockName(list)).Val(); n != 1 {
+		t.Fatalf("the list after ForceRelease: LLEN got %d, want 1", n)
+	}
+}
+
+// TestCloseKeepsClient checks that Close leaves the user's go-redis client
+// open and makes later calls fail with ErrClosed.
+func TestCloseKeepsClient(t *testing.T) {
+	rdb := newRDB(t, srv.Addr())
+	b := redislock.New(rdb)
+	ctx := ctxT(t, 5*time.Second)
+	k := key(t)
+	mustGrant(t, b, req(k, time.Second))
+	ch, stop, err := b.Subscribe(ctx, k)
+	if err != nil || ch == nil {
+		t.Fatalf("Subscribe: %v", err)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	stop() // after Close: harmless
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		t.Fatalf("the go-redis client after Backend.Close: %v", err)
+	}
+	if _, err := b.TryAcquire(ctx, req(k, time.Second)); !errors.Is(err, dlock.ErrClosed) {
+		t.Fatalf("TryAcquire after Close: got %v, want ErrClosed", err)
+	}
+	if _, _, err := b.Subscribe(ctx, k); !errors.Is(err, dlock.ErrClosed) {
+		t.Fatalf("Subscribe after Close: got %v, want ErrClosed", err)
+	}
+}
