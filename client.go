@@ -27,11 +27,12 @@ type Client struct {
 	closed  bool
 	leases  map[*Lease]struct{}
 	owned   map[ownerKey][]*Lease
-	renew   leaseHeap // auto-renewed leases by next renewal
-	expiry  leaseHeap // other leases by expiry
-	running bool
-	wake    chan struct{}
-	wg      sync.WaitGroup
+	renew    leaseHeap   // auto-renewed leases by next renewal
+	expiry   leaseHeap   // other leases by expiry
+	timer    *time.Timer // runs tick; see watchdog.go
+	timerAt  time.Time   // when timer fires; zero when not pending
+	inflight bool        // a renewal batch is running
+	batches  sync.WaitGroup
 }
 
 type ownerKey struct{ key, owner string }
@@ -46,7 +47,6 @@ func New(b Backend, opts ...Option) *Client {
 		cfg:    defaultConfig(),
 		leases: make(map[*Lease]struct{}),
 		owned:  make(map[ownerKey][]*Lease),
-		wake:   make(chan struct{}, 1),
 	}
 	c.renew.at = func(l *Lease) time.Time { return l.next }
 	c.renew.idx = func(l *Lease) *int { return &l.renewIdx }
@@ -147,8 +147,12 @@ func (c *Client) Close() error {
 		}
 		cancel()
 	}
-	c.kick()
-	c.wg.Wait()
+	c.mu.Lock()
+	if c.timer != nil {
+		c.timer.Stop()
+	}
+	c.mu.Unlock()
+	c.batches.Wait()
 	if c.b != nil {
 		if err := c.b.Close(); err != nil {
 			errs = append(errs, err)
@@ -240,9 +244,10 @@ func (c *Client) token(cfg config) string {
 // the holder's remaining TTL or the strategy's delay, whichever is first.
 func (c *Client) acquireLoop(ctx context.Context, req Request, cfg config) (*Lease, error) {
 	var (
-		sub     <-chan struct{}
-		stopSub func()
-		timer   *time.Timer
+		sub       <-chan struct{}
+		stopSub   func()
+		subFailed bool
+		timer     *time.Timer
 	)
 	defer func() {
 		if stopSub != nil {
@@ -261,7 +266,7 @@ func (c *Client) acquireLoop(ctx context.Context, req Request, cfg config) (*Lea
 		}
 		if err != nil {
 			if ctx.Err() != nil {
-				return nil, &AcquireError{Key: req.Key, Attempts: attempt, Cause: context.Cause(ctx)}
+				return nil, &AcquireError{Key: req.Key, Attempts: attempt, Cause: context.Cause(ctx), Last: err}
 			}
 			return nil, wrapOp("acquire", req.Key, err)
 		}
@@ -273,17 +278,19 @@ func (c *Client) acquireLoop(ctx context.Context, req Request, cfg config) (*Lea
 			return nil, &AcquireError{Key: req.Key, Attempts: attempt}
 		}
 		if c.notifier != nil {
-			if sub == nil {
+			if sub == nil && !subFailed {
 				// Subscribe, then retry at once: a release between the failed
-				// attempt and the subscription would otherwise be missed.
+				// attempt and the subscription would otherwise be missed. A
+				// failed subscription only costs promptness: the wait below is
+				// bounded by the holder's TTL and the strategy anyway.
 				sub, stopSub, err = c.notifier.Subscribe(ctx, req.Key)
-				if err != nil {
-					if ctx.Err() != nil {
-						return nil, &AcquireError{Key: req.Key, Attempts: attempt, Cause: context.Cause(ctx)}
-					}
-					return nil, wrapOp("acquire", req.Key, err)
+				if err == nil {
+					continue
 				}
-				continue
+				if ctx.Err() != nil {
+					return nil, &AcquireError{Key: req.Key, Attempts: attempt, Cause: context.Cause(ctx), Last: err}
+				}
+				sub, stopSub, subFailed = nil, nil, true
 			}
 			if g.HolderTTL > 0 {
 				d = min(d, g.HolderTTL)
@@ -346,7 +353,6 @@ func (c *Client) grant(ctx context.Context, req Request, g Grant, invoke time.Ti
 		ttl:       req.TTL,
 		expires:   invoke.Add(req.TTL - drift(req.TTL)),
 		done:      make(chan struct{}),
-		cancels:   make(map[uint64]context.CancelCauseFunc),
 		autoRenew: cfg.autoRenew,
 		onLost:    cfg.onLost,
 		observers: cfg.observers,
@@ -457,7 +463,6 @@ func (c *Client) forget(l *Lease, keepOwned bool) {
 	}
 	c.renew.remove(l)
 	c.expiry.remove(l)
-	c.kickLocked() // lets the watchdog exit when nothing is left
 }
 
 // shorten keeps error messages readable for oversized keys.

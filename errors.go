@@ -73,6 +73,7 @@ type AcquireError struct {
 	Key      string // the lock's key
 	Attempts int    // acquisition attempts made (server round trips or queue waits)
 	Cause    error  // why the wait ended early, or nil when the strategy gave up
+	Last     error  // the last attempt's server error, if the context ended during it
 }
 
 // Error describes the key, the attempts and the cause.
@@ -85,18 +86,28 @@ func (e *AcquireError) Error() string {
 	if e.Cause != nil {
 		b.WriteString(": ")
 		b.WriteString(trimPrefix(e.Cause))
+		if e.Last != nil && e.Last != e.Cause {
+			b.WriteString(" (last attempt: ")
+			b.WriteString(trimPrefix(e.Last))
+			b.WriteString(")")
+		}
 	} else {
 		b.WriteString(": held by another owner, wait strategy gave up")
 	}
 	return b.String()
 }
 
-// Unwrap returns ErrNotAcquired and, when set, the cause.
+// Unwrap returns ErrNotAcquired and, when set, the cause and the last
+// attempt's error.
 func (e *AcquireError) Unwrap() []error {
-	if e.Cause == nil {
-		return []error{ErrNotAcquired}
+	errs := []error{ErrNotAcquired}
+	if e.Cause != nil {
+		errs = append(errs, e.Cause)
 	}
-	return []error{ErrNotAcquired, e.Cause}
+	if e.Last != nil {
+		errs = append(errs, e.Last)
+	}
+	return errs
 }
 
 // isNotAcquired reports a contention outcome (not a server failure).

@@ -104,6 +104,9 @@ func (l *Lease) Context(parent context.Context) (context.Context, context.Cancel
 	}
 	id := l.nextID
 	l.nextID++
+	if l.cancels == nil {
+		l.cancels = make(map[uint64]context.CancelCauseFunc)
+	}
 	l.cancels[id] = cancel
 	l.mu.Unlock()
 	return ctx, func() {
@@ -156,7 +159,7 @@ func (l *Lease) Refresh(ctx context.Context, ttl time.Duration) error {
 		if l.expIdx >= 0 {
 			l.expAt = exp
 			heap.Fix(&l.c.expiry, l.expIdx)
-			l.c.kickLocked()
+			l.c.scheduleLocked()
 		}
 	}
 	l.mu.Unlock()

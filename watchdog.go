@@ -7,18 +7,22 @@ import (
 	"time"
 )
 
-// The watchdog is one goroutine per Client, running only while the Client
-// holds leases. It keeps two heaps: auto-renewed leases ordered by their
-// next renewal, and the other leases ordered by expiry. Renewals due
-// within a short window are sent together in one batch (one round trip per
-// server with a BatchRefresher), with at most one batch in flight, so a
-// hung server delays neither the expiry of other leases nor the loop.
+// The watchdog is one timer per Client (time.AfterFunc): no goroutine
+// runs while nothing is due, and taking a lease costs a heap push and at
+// most a timer reset. It keeps two heaps: auto-renewed leases ordered by
+// their next renewal, and the other leases ordered by expiry. Renewals
+// due within a short window are sent together in one batch (one round
+// trip per server with a BatchRefresher), with at most one batch in
+// flight, so a hung server delays neither the expiry of other leases nor
+// later ticks. A batch's deadline is never past the earliest expiry in
+// it, so a backend that honours its context returns in time to report a
+// loss at Expires.
 //
 // A lease is renewed TTL/3 after the invoke time of its last successful
-// renewal, or up to TTL/6 earlier when it can join a batch. A failed renewal is retried (every TTL/10, at least 1 ms and
-// at most half the remaining validity) until the lease could have expired
-// (Expires); then the lease is lost. ErrNotHeld from the server loses it
-// at once.
+// renewal, or up to TTL/6 earlier when it can join a batch. A failed
+// renewal is retried (every TTL/10, at least 1 ms and at most half the
+// remaining validity) until the lease could have expired (Expires); then
+// the lease is lost. ErrNotHeld from the server loses it at once.
 
 // track registers a new lease with the watchdog. c.mu must be held.
 func (c *Client) track(l *Lease) {
@@ -29,24 +33,35 @@ func (c *Client) track(l *Lease) {
 		l.expAt = l.expires
 		heap.Push(&c.expiry, l)
 	}
-	if !c.running {
-		c.running = true
-		c.wg.Add(1)
-		go c.loop()
+	c.scheduleLocked()
+}
+
+// scheduleLocked sets the timer to the earliest thing due: an expiry, or
+// a renewal when no batch is in flight. A timer that fires early (the
+// lease it was set for was released) finds nothing to do and reschedules.
+// c.mu must be held.
+func (c *Client) scheduleLocked() {
+	var at time.Time
+	if c.expiry.Len() > 0 {
+		at = c.expiry.top().expAt
 	}
-	c.kickLocked()
-}
-
-func (c *Client) kick() {
-	c.mu.Lock()
-	c.kickLocked()
-	c.mu.Unlock()
-}
-
-func (c *Client) kickLocked() {
-	select {
-	case c.wake <- struct{}{}:
-	default:
+	if !c.inflight && c.renew.Len() > 0 {
+		if t := c.renew.top().next; at.IsZero() || t.Before(at) {
+			at = t
+		}
+	}
+	if at.IsZero() || c.closed {
+		return // nothing due; a pending timer fires once and finds nothing
+	}
+	if !c.timerAt.IsZero() && !at.Before(c.timerAt) {
+		return // the timer already fires early enough
+	}
+	c.timerAt = at
+	d := max(time.Until(at), 0)
+	if c.timer == nil {
+		c.timer = time.AfterFunc(d, c.tick)
+	} else {
+		c.timer.Reset(d)
 	}
 }
 
@@ -57,83 +72,57 @@ type renewResult struct {
 	errs   []error
 }
 
-func (c *Client) loop() {
-	defer c.wg.Done()
-	timer := time.NewTimer(time.Hour)
-	defer timer.Stop()
-	results := make(chan renewResult, 1)
-	inflight := false
-	for {
-		now := time.Now()
-		var lost []*Lease
-		var batch []*Lease
-
-		c.mu.Lock()
-		for c.expiry.Len() > 0 && !now.Before(c.expiry.top().expAt) {
-			lost = append(lost, heap.Pop(&c.expiry).(*Lease))
-		}
-		if !inflight && c.renew.Len() > 0 && !now.Before(c.renew.top().next) {
-			// Something is due: renew it together with every lease due in
-			// the next TTL/6, so leases taken at different moments fall
-			// into step and share round trips.
-			for c.renew.Len() > 0 {
-				l := c.renew.top()
-				if l.next.After(now.Add(l.ttl / 6)) {
-					break
-				}
-				heap.Pop(&c.renew)
-				if !now.Before(l.Expires()) {
-					lost = append(lost, l)
-					continue
-				}
-				l.inflight = true
-				batch = append(batch, l)
-			}
-		}
-		if c.renew.Len() == 0 && c.expiry.Len() == 0 && !inflight && len(batch) == 0 {
-			c.running = false
-			c.mu.Unlock()
-			for _, l := range lost {
-				l.lose(errors.New("lease expired before it was renewed"))
-			}
-			return
-		}
-		var wakeAt time.Time
-		if c.expiry.Len() > 0 {
-			wakeAt = c.expiry.top().expAt
-		}
-		if !inflight && len(batch) == 0 && c.renew.Len() > 0 {
-			if t := c.renew.top().next; wakeAt.IsZero() || t.Before(wakeAt) {
-				wakeAt = t
-			}
-		}
+// tick runs when the timer fires: it loses expired leases and sends the
+// renewals that are due as one batch, on this goroutine.
+func (c *Client) tick() {
+	now := time.Now()
+	var lost, batch []*Lease
+	c.mu.Lock()
+	c.timerAt = time.Time{}
+	if c.closed {
 		c.mu.Unlock()
+		return
+	}
+	for c.expiry.Len() > 0 && !now.Before(c.expiry.top().expAt) {
+		lost = append(lost, heap.Pop(&c.expiry).(*Lease))
+	}
+	if !c.inflight && c.renew.Len() > 0 && !now.Before(c.renew.top().next) {
+		// Something is due: renew it together with every lease due in
+		// the next TTL/6, so leases taken at different moments fall
+		// into step and share round trips.
+		for c.renew.Len() > 0 {
+			l := c.renew.top()
+			if l.next.After(now.Add(l.ttl / 6)) {
+				break
+			}
+			heap.Pop(&c.renew)
+			if !now.Before(l.Expires()) {
+				lost = append(lost, l)
+				continue
+			}
+			l.inflight = true
+			batch = append(batch, l)
+		}
+	}
+	if len(batch) > 0 {
+		c.inflight = true
+		c.batches.Add(1)
+	}
+	c.scheduleLocked()
+	c.mu.Unlock()
 
-		for _, l := range lost {
-			l.lose(errors.New("lease expired before it was renewed"))
-		}
-		if len(batch) > 0 {
-			inflight = true
-			go c.renewBatch(batch, results)
-		}
-
-		if wakeAt.IsZero() {
-			wakeAt = now.Add(time.Hour)
-		}
-		timer.Reset(max(time.Until(wakeAt), 0))
-		select {
-		case <-timer.C:
-		case <-c.wake:
-		case r := <-results:
-			inflight = false
-			c.settle(r)
-		}
+	for _, l := range lost {
+		l.lose(errors.New("lease expired before it was renewed"))
+	}
+	if len(batch) > 0 {
+		defer c.batches.Done()
+		c.settle(c.renewBatch(batch))
 	}
 }
 
 // renewBatch refreshes leases in one call. The deadline is the shortest
 // TTL/3 in the batch, and never past the earliest expiry.
-func (c *Client) renewBatch(leases []*Lease, out chan<- renewResult) {
+func (c *Client) renewBatch(leases []*Lease) renewResult {
 	now := time.Now()
 	r := renewResult{leases: leases, reqs: make([]Request, len(leases)), invoke: now}
 	timeout := time.Duration(1<<63 - 1)
@@ -153,7 +142,7 @@ func (c *Client) renewBatch(leases []*Lease, out chan<- renewResult) {
 		}
 	}
 	cancel()
-	out <- r
+	return r
 }
 
 // settle applies a batch's results: renewed leases get a new expiry and
@@ -164,6 +153,12 @@ func (c *Client) settle(r renewResult) {
 	var causes []error
 	report := make([]bool, len(r.leases)) // leases still live: their renewal is news
 	c.mu.Lock()
+	c.inflight = false
+	defer func() {
+		c.mu.Lock()
+		c.scheduleLocked()
+		c.mu.Unlock()
+	}()
 	for i, l := range r.leases {
 		l.inflight = false
 		err := r.errs[i]
