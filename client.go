@@ -23,10 +23,10 @@ type Client struct {
 	waiter   Waiter
 	loss     LossNotifier
 
-	mu      sync.Mutex
-	closed  bool
-	leases  map[*Lease]struct{}
-	owned   map[ownerKey][]*Lease
+	mu       sync.Mutex
+	closed   bool
+	leases   map[*Lease]struct{}
+	owned    map[ownerKey][]*Lease
 	renew    leaseHeap   // auto-renewed leases by next renewal
 	expiry   leaseHeap   // other leases by expiry
 	timer    *time.Timer // runs tick; see watchdog.go
