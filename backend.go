@@ -53,6 +53,13 @@ type Grant struct {
 	Fence     uint64        // when OK: the fencing token, strictly increasing per key
 	Count     int           // when OK: holds by this token including this one (1 unless reentrant)
 	HolderTTL time.Duration // when !OK: the current holder's remaining lifetime, 0 if unknown
+
+	// Since, when set, is a time no later than the invoke of the server
+	// operation that last set the lock's lifetime to the request's TTL
+	// (the grant at the end of a queue wait, a keep-alive). The Client
+	// computes Expires from it instead of from the start of the call,
+	// which matters after a long Waiter.Wait. Zero: the call's start.
+	Since time.Time
 }
 
 // BatchRefresher is an optional Backend capability: refresh many locks in

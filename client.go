@@ -331,6 +331,23 @@ func (c *Client) acquireQueued(ctx context.Context, req Request, cfg config) (l 
 	observe(ctx, cfg.observers, Event{Kind: EventAttempt, Key: req.Key, Attempt: 1, Granted: err == nil && g.OK, Err: err})
 	switch {
 	case err == nil && g.OK:
+		switch {
+		case !g.Since.IsZero():
+			invoke = g.Since
+		case time.Since(invoke) > req.TTL/3:
+			// A long queue wait and no word from the backend on when the
+			// lock's lifetime started: renew it now to know.
+			r := req
+			r.Fence = g.Fence
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.releaseTimeout)
+			invoke = time.Now()
+			if rerr := c.b.Refresh(rctx, r); rerr != nil {
+				_ = c.b.Release(rctx, r)
+				cancel()
+				return nil, wrapOp("acquire", req.Key, rerr), false
+			}
+			cancel()
+		}
 		l, err := c.grant(ctx, req, g, invoke, cfg)
 		return l, err, false
 	case ctx.Err() != nil:

@@ -1,0 +1,125 @@
+// Package etcdlock is the etcd backend of dlock: fair (FIFO) locks with
+// fencing tokens and a lost-lease signal, on an etcd v3 cluster, behind
+// the same API as every dlock backend.
+//
+//	cli, _ := clientv3.New(clientv3.Config{Endpoints: []string{"127.0.0.1:2379"}})
+//	locks := dlock.New(etcdlock.New(cli), dlock.WithTTL(10*time.Second))
+//	lease, err := locks.Acquire(ctx, "order:1001")
+//
+// It is its own Go module so that users of the Redis backends never
+// download gRPC. It needs an etcd 3.4 or newer server (tested with 3.4.23
+// and the 3.5 client).
+//
+// # Keys
+//
+// A lock named key owned by token is the etcd key
+//
+//	PREFIX + escape(key) + "/" + hex(sha256(token))[:32]
+//
+// with PREFIX DefaultPrefix ("/dlock/") unless WithPrefix says otherwise,
+// and escape replacing "%" by "%25" and "/" by "%2F" (so the lock "a" and
+// the lock "a/b" never share a directory). Its value is "COUNT TOKEN": the
+// number of holds of a reentrant owner (1 otherwise) and the owner token.
+// LockKey returns the name for inspection. The entry is created with the
+// Backend's lease in a transaction that succeeds only if the key does not
+// exist; its create revision orders the queue and is the fence.
+//
+// # Leases
+//
+// A Backend has ONE etcd lease per distinct TTL (in whole seconds, rounded
+// up) shared by all its locks and queue entries; with one TTL, as with a
+// dlock.Client's WithTTL, that is one lease, granted once. The Backend
+// starts no keep-alive stream of its own: Refresh and RefreshMany send one
+// KeepAliveOnce for the shared lease, so the Client's watchdog (every
+// TTL/3) drives renewal. Two exceptions renew the lease outside the
+// watchdog: an acquisition sends a keep-alive concurrently with its
+// transaction unless the lease was renewed since the call began (so the
+// lock lives on the server at least TTL from the call, as the Client
+// assumes), and a waiter in Wait renews the lease every TTL/3 while it is
+// queued (the Client renews only granted locks; without it a queue entry
+// would expire after one TTL).
+//
+// The minimum TTL is MinTTL (2 s): etcd counts lease TTLs in whole seconds
+// and raises anything below about 1.5 × its election timeout (1 s by
+// default). A Request.TTL below it fails with an error matching
+// dlock.ErrInvalidTTL; a server with a longer election timeout may grant
+// a longer lease than asked, which only delays the takeover after a crash.
+// A Refresh with a TTL of another number of seconds moves the lock to the
+// Backend's lease of that TTL (all holds of a reentrant owner move
+// together).
+//
+// A lease that etcd reports gone (a keep-alive or a transaction answers
+// "lease not found"), or that was not renewed within its TTL, is retired:
+// later acquisitions get a new lease, and every lock on the old one is
+// lost.
+//
+// Sharing a lease has one consequence: a lock is kept alive as long as the
+// lease is renewed for any lock of the Backend. When the Client gives a
+// lease up without releasing it (it expired locally: WithAutoRenew(false),
+// or renewals failed until its deadline), the Backend deletes its entry
+// itself (retried on later refreshes while the server is unreachable), and
+// Close revokes the leases, deleting whatever is left.
+//
+// # Waiting
+//
+// etcd's only waiting mode is the queue: Request.FIFO is ignored and
+// waiters are always served in the order their entries were created. Each
+// waiter watches only its immediate predecessor (the entry with the
+// largest create revision below its own) for deletion, so a release wakes
+// exactly one waiter, and re-reads its position after the deletion (the
+// predecessor may have been a waiter that gave up, not the holder). That
+// re-read is serializable (no round of consensus) and accepted only if it
+// reflects the deletion's revision; it is skipped when the predecessor
+// was already the head when read. The watch starts at the server's
+// current revision: etcd serves watches that start in the past from its
+// history only every 100 ms, which caps concurrency.Mutex at about ten
+// hand-offs per second per waiter; the watch's creation revision tells
+// whether the predecessor must be read once more. A cancelled Wait
+// deletes its entry at once with a fresh context (waiting at most 1 s for
+// an unreachable server, then leaving it to a background retry and to the
+// lease's expiry). A transaction whose outcome is unknown (ctx ended or
+// the reply was lost) is undone the same way.
+//
+// TryAcquire is one transaction: it creates the entry only if no entry
+// exists under the lock's directory (nobody holds or waits), so it never
+// overtakes queued waiters and writes nothing when it fails.
+//
+// # Fencing and guarded writes
+//
+// The fence of a grant is the entry's create revision: etcd revisions
+// only grow, so fences strictly increase per key (and across keys of one
+// cluster). Guard returns an etcd comparison, CreateRevision(entry) ==
+// fence, for users' own transactions on the same cluster: the write is
+// applied only while the lock is held, whatever the local clocks say.
+//
+// Release deletes the entry in a transaction guarded by the same
+// comparison, so a holder whose lease expired never deletes the entry of
+// a newer holder (unlike a plain delete by key: etcd issue #22082); it
+// gets an error matching dlock.ErrNotHeld.
+//
+// # Loss
+//
+// A lock is lost when its entry is deleted: its lease expired or was
+// revoked, or someone deleted the key. The Backend learns it from a
+// deletion watch on every granted entry (all served by one goroutine per
+// Backend) and from keep-alives that find the lease gone. The watch of a
+// lock starts 50 ms after its grant, from the grant's revision, so holds
+// shorter than that cost no watch (creating and cancelling one costs the
+// server about as much as a read) and a deletion in between is still
+// reported, at most 50 ms late (a lease cannot expire that early: only a
+// revocation or deletion by someone else can). The Backend then calls
+// the dlock.LossNotifier callbacks (the Client closes Lease.Done, cancels
+// Lease.Context with dlock.ErrLost) and Refresh returns an error matching
+// dlock.ErrNotHeld. While the server is unreachable nothing can be
+// learnt: the Client's watchdog declares the lease lost at its local
+// deadline (Lease.Expires), before etcd can expire it.
+//
+// # Reentrancy
+//
+// A reentrant request (dlock.WithOwner) whose owner token's entry heads
+// the queue raises the COUNT in the entry's value (compare-and-swap on its
+// mod revision) and gets the same fence; Release lowers it and deletes the
+// entry at zero. The count lives on the server, so it is right whichever
+// Backend asks. A reentrant request whose owner is still queued joins the
+// queued entry (one more claim) and is granted with it.
+package etcdlock

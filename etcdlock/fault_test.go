@@ -1,0 +1,166 @@
+package etcdlock_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/testserver"
+)
+
+// TestHolderKilled: the holder is a process killed with SIGKILL (no
+// release, no revocation); the next waiter must get the lock within the
+// lease TTL + 1 s of the kill.
+func TestHolderKilled(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a helper process")
+	}
+	key := uniqueKey(t)
+	cmd, fence := startHolder(t, srv.Endpoints(), key)
+	cli := newCli(t, srv.Endpoints())
+	// The waiter's own TTL is irrelevant here; it is long because the
+	// Client rejects a queue wait longer than the waiter's TTL (it measures
+	// the grant's validity from the start of Wait).
+	c, _ := newClient(t, srv.Endpoints(), dlock.WithTTL(10*time.Second))
+	got := make(chan *dlock.Lease, 1)
+	errc := make(chan error, 1)
+	go func() {
+		l, err := c.Acquire(ctxT(t, 30*time.Second), key)
+		if err != nil {
+			errc <- err
+			return
+		}
+		got <- l
+	}()
+	waitFor(t, 10*time.Second, "waiter queued behind the helper", func() bool { return entries(t, cli, key) == 2 })
+	if err := cmd.Process.Kill(); err != nil { // SIGKILL, by PID
+		t.Fatalf("kill helper %d: %v", cmd.Process.Pid, err)
+	}
+	killed := time.Now()
+	cmd.Wait()
+	select {
+	case l := <-got:
+		took := time.Since(killed)
+		t.Logf("waiter acquired %v after SIGKILL of the holder (TTL %v)", took, ttl)
+		if took > ttl+time.Second {
+			t.Errorf("waiter acquired %v after the kill, want within TTL + 1s = %v", took, ttl+time.Second)
+		}
+		if l.Fence() <= fence {
+			t.Errorf("fence after takeover: got %d, want > %d", l.Fence(), fence)
+		}
+		l.Release(context.Background())
+	case err := <-errc:
+		t.Fatalf("waiter: %v", err)
+	case <-time.After(ttl + 5*time.Second):
+		t.Fatalf("waiter did not acquire within %v of the kill", ttl+5*time.Second)
+	}
+}
+
+// TestLeaderKilledDuringHold: in a 3-member cluster the leader is killed
+// while a lock is held and another client keeps trying to take it. The
+// holder's lease must survive, or be reported lost (Done/Err, or its
+// conservative deadline Expires passed) before the other client gets the
+// lock: never silently double-held.
+func TestLeaderKilledDuringHold(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a 3-member etcd cluster")
+	}
+	cluster, err := testserver.StartEtcdCluster(3)
+	if err != nil {
+		t.Fatalf("StartEtcdCluster(3): %v", err)
+	}
+	t.Cleanup(func() { cluster.Stop() })
+	const holdTTL = 4 * time.Second
+	eps := cluster.Endpoints()
+	key := uniqueKey(t)
+	a, _ := newClient(t, eps, dlock.WithTTL(holdTTL))
+	held, err := a.Acquire(ctxT(t, 10*time.Second), key)
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	leader, err := cluster.Leader()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The contender: Acquire in a loop, tolerating errors during the
+	// election, until it gets the lock or the test ends.
+	b, _ := newClient(t, eps, dlock.WithTTL(holdTTL))
+	ctx, cancel := context.WithTimeout(context.Background(), 4*holdTTL)
+	defer cancel()
+	var (
+		attempts  atomic.Int32
+		releasing atomic.Bool // the holder is releasing: its Err may lag the server
+	)
+	type result struct {
+		l          *dlock.Lease
+		holderErr  error
+		pastExpiry bool
+		releasing  bool
+	}
+	res := make(chan result, 1)
+	go func() {
+		for ctx.Err() == nil {
+			attempts.Add(1)
+			actx, acancel := context.WithTimeout(ctx, holdTTL)
+			l, err := b.Acquire(actx, key)
+			acancel()
+			if err != nil {
+				continue
+			}
+			// At this instant the first holder must know it may have lost.
+			res <- result{l: l, holderErr: held.Err(), pastExpiry: !time.Now().Before(held.Expires()), releasing: releasing.Load()}
+			return
+		}
+		res <- result{}
+	}()
+	waitFor(t, 10*time.Second, "contender queued", func() bool { return attempts.Load() > 0 })
+	if err := leader.Kill(); err != nil {
+		t.Fatalf("kill leader %s: %v", leader.Name(), err)
+	}
+	killed := time.Now()
+	t.Logf("killed leader %s", leader.Name())
+
+	// Hold for 3 TTLs after the kill, unless lost first.
+	select {
+	case <-held.Done():
+		t.Logf("holder reported lost %v after the leader was killed: %v", time.Since(killed), held.Err())
+	case <-time.After(3 * holdTTL):
+		t.Logf("holder's lease survived the leader kill (%v held since)", time.Since(killed))
+	}
+	if held.Err() == nil {
+		// Survived: the contender must not have the lock.
+		select {
+		case r := <-res:
+			if r.l != nil {
+				t.Fatalf("contender acquired while the holder still holds (Err nil): double hold")
+			}
+		default:
+		}
+		releasing.Store(true)
+		if err := held.Release(ctxT(t, 10*time.Second)); err != nil {
+			t.Fatalf("Release after the leader kill: %v", err)
+		}
+	} else if !errors.Is(held.Err(), dlock.ErrLost) {
+		t.Fatalf("holder Err: got %v, want ErrLost", held.Err())
+	}
+	select {
+	case r := <-res:
+		if r.l == nil {
+			t.Fatalf("contender never acquired after the holder ended (%d attempts)", attempts.Load())
+		}
+		if r.holderErr == nil && !r.pastExpiry && !r.releasing {
+			t.Fatal("contender acquired while the holder believed it held the lock (Err nil, before Expires): silent double hold")
+		}
+		t.Logf("contender acquired fence %d > %d after %d attempts", r.l.Fence(), held.Fence(), attempts.Load())
+		if r.l.Fence() <= held.Fence() {
+			t.Errorf("contender fence: got %d, want > %d", r.l.Fence(), held.Fence())
+		}
+		r.l.Release(context.Background())
+	case <-time.After(4 * holdTTL):
+		t.Fatal("contender did not acquire after the holder ended")
+	}
+}

@@ -1,0 +1,252 @@
+package etcdlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/dlock-go/dlock"
+)
+
+// leaseState is one etcd lease of the Backend. All locks (and queue
+// entries) whose TTL rounds to the same number of seconds share it.
+type leaseState struct {
+	sec   int64         // TTL asked for, in seconds
+	ready chan struct{} // closed once id or err is set
+	id    clientv3.LeaseID
+	err   error // the grant failed
+
+	// Guarded by Backend.mu.
+	validUntil time.Time // send time of the last successful grant/keep-alive + granted TTL
+	dead       error     // set once the lease is known or presumed gone
+	foreign    bool      // granted by another Backend (entry joined by a reentrant owner)
+}
+
+func (ls *leaseState) isReady() bool {
+	select {
+	case <-ls.ready:
+		return true
+	default:
+		return false
+	}
+}
+
+// isLeaseNotFound reports etcd's "requested lease not found".
+func isLeaseNotFound(err error) bool {
+	return err != nil && (errors.Is(err, rpctypes.ErrLeaseNotFound) ||
+		rpctypes.ErrorDesc(err) == rpctypes.ErrorDesc(rpctypes.ErrGRPCLeaseNotFound))
+}
+
+// ttlSeconds converts a lock TTL to a lease TTL: whole seconds, rounded up.
+func ttlSeconds(ttl time.Duration) (int64, error) {
+	if ttl < MinTTL {
+		return 0, fmt.Errorf("etcdlock: TTL %v is below etcd's minimum lease TTL %v: %w", ttl, MinTTL, dlock.ErrInvalidTTL)
+	}
+	if ttl > maxTTL {
+		return 0, fmt.Errorf("etcdlock: TTL %v is above etcd's maximum lease TTL %v: %w", ttl, maxTTL, dlock.ErrInvalidTTL)
+	}
+	return int64((ttl + time.Second - 1) / time.Second), nil
+}
+
+// lease returns the live lease for TTLs of sec seconds, granting one when
+// there is none (one grant at a time per TTL: concurrent callers wait for
+// it). A lease whose validity passed without renewal is presumed expired:
+// its locks are reported lost and a new lease is granted.
+func (b *Backend) lease(ctx context.Context, sec int64) (*leaseState, error) {
+	for {
+		b.mu.Lock()
+		if b.closed {
+			b.mu.Unlock()
+			return nil, errClosed
+		}
+		ls := b.leases[sec]
+		if ls != nil && ls.isReady() && ls.err == nil && !time.Now().Before(ls.validUntil) {
+			lost := b.retireLocked(ls, fmt.Errorf("etcdlock: lease %x was not renewed within its TTL of %ds: %w", int64(ls.id), ls.sec, dlock.ErrNotHeld))
+			b.mu.Unlock()
+			lost.fire()
+			continue
+		}
+		if ls == nil {
+			ls = &leaseState{sec: sec, ready: make(chan struct{})}
+			b.leases[sec] = ls
+			b.mu.Unlock()
+			return ls, b.grant(ctx, ls)
+		}
+		b.mu.Unlock()
+		select {
+		case <-ls.ready:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		if ls.err == nil {
+			return ls, nil
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		// The grant failed for its caller (maybe only its context ended):
+		// try again with ours.
+		if !errors.Is(ls.err, context.Canceled) && !errors.Is(ls.err, context.DeadlineExceeded) {
+			return nil, ls.err
+		}
+	}
+}
+
+// grant asks etcd for the lease ls and publishes the result.
+func (b *Backend) grant(ctx context.Context, ls *leaseState) error {
+	send := time.Now()
+	resp, err := b.cli.Grant(ctx, ls.sec)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	defer close(ls.ready)
+	if err != nil {
+		ls.err = fmt.Errorf("etcdlock: grant lease of %ds: %w", ls.sec, err)
+		if b.leases[ls.sec] == ls {
+			delete(b.leases, ls.sec)
+		}
+		return ls.err
+	}
+	ls.id = resp.ID
+	ls.validUntil = send.Add(time.Duration(resp.TTL) * time.Second)
+	if b.closed {
+		// Close ran meanwhile and did not see this lease: it expires by
+		// itself within its TTL, with nothing attached.
+		ls.err = errClosed
+		return errClosed
+	}
+	return nil
+}
+
+// keepAlive renews ls once. It returns errLeaseGone (matching
+// dlock.ErrNotHeld) when etcd no longer has the lease, after reporting
+// every lock on it lost.
+func (b *Backend) keepAlive(ctx context.Context, ls *leaseState) error {
+	b.mu.Lock()
+	dead := ls.dead
+	b.mu.Unlock()
+	if dead != nil {
+		return dead
+	}
+	send := time.Now()
+	resp, err := b.cli.KeepAliveOnce(ctx, ls.id)
+	if err != nil {
+		if isLeaseNotFound(err) {
+			return b.leaseGone(ls, fmt.Errorf("etcdlock: lease %x expired or was revoked: %w", int64(ls.id), dlock.ErrNotHeld))
+		}
+		if ctxErr := ctx.Err(); ctxErr != nil {
+			return fmt.Errorf("etcdlock: keep-alive lease %x: %w", int64(ls.id), ctxErr)
+		}
+		return fmt.Errorf("etcdlock: keep-alive lease %x: %w", int64(ls.id), err)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if ls.dead != nil {
+		return ls.dead
+	}
+	if ls.foreign {
+		ls.sec = resp.TTL
+	}
+	if v := send.Add(time.Duration(resp.TTL) * time.Second); v.After(ls.validUntil) {
+		ls.validUntil = v
+	}
+	return nil
+}
+
+// fresh reports whether ls is known valid until at least until.
+func (b *Backend) fresh(ls *leaseState, until time.Time) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return ls.dead == nil && !ls.validUntil.Before(until)
+}
+
+// renewAt returns when a holder of ls should renew it: a third of its
+// TTL after the last renewal.
+func (b *Backend) renewAt(ls *leaseState) time.Time {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return ls.validUntil.Add(-2 * time.Duration(ls.sec) * time.Second / 3)
+}
+
+// retryDelay is how soon a failed keep-alive of ls is tried again: a
+// tenth of its TTL.
+func (b *Backend) retryDelay(ls *leaseState) time.Duration {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return time.Duration(max(ls.sec, 1)) * time.Second / 10
+}
+
+// ensureFresh makes sure ls is valid now and until at least start+ttl,
+// with one keep-alive if needed. A lock granted at start is thus never
+// shorter on the server than the lease the Client computes from start.
+func (b *Backend) ensureFresh(ctx context.Context, ls *leaseState, start time.Time, ttl time.Duration) error {
+	if now := time.Now(); b.fresh(ls, start.Add(ttl)) && b.fresh(ls, now) {
+		return nil
+	}
+	return b.keepAlive(ctx, ls)
+}
+
+// startFresh runs ensureFresh concurrently with the caller's next round
+// trip; the returned function waits for it and returns its error.
+func (b *Backend) startFresh(ctx context.Context, ls *leaseState, start time.Time, ttl time.Duration) func() error {
+	if b.fresh(ls, start.Add(ttl)) {
+		return func() error { return nil }
+	}
+	done := make(chan error, 1)
+	go func() { done <- b.keepAlive(ctx, ls) }()
+	return func() error { return <-done }
+}
+
+// leaseGone marks ls as gone on the server, reports its locks lost and
+// returns cause.
+func (b *Backend) leaseGone(ls *leaseState, cause error) error {
+	b.mu.Lock()
+	lost := b.retireLocked(ls, cause)
+	err := ls.dead
+	b.mu.Unlock()
+	lost.fire()
+	return err
+}
+
+// retireLocked stops using ls for new locks and marks every lock on it
+// lost. b.mu must be held; the caller fires the result after unlocking.
+func (b *Backend) retireLocked(ls *leaseState, cause error) lossList {
+	if ls.dead != nil {
+		return nil
+	}
+	ls.dead = cause
+	if b.leases[ls.sec] == ls {
+		delete(b.leases, ls.sec)
+	}
+	var lost lossList
+	for _, h := range b.held {
+		if h.lease == ls {
+			lost = append(lost, b.markLostLocked(h, cause)...)
+		}
+	}
+	return lost
+}
+
+// leaseFor returns the leaseState for an entry attached to lease id: one
+// of the Backend's own, or a foreign one (an entry created by another
+// Backend and joined by a reentrant owner).
+func (b *Backend) leaseFor(id clientv3.LeaseID) *leaseState {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, ls := range b.leases {
+		if ls.isReady() && ls.err == nil && ls.id == id {
+			return ls
+		}
+	}
+	for _, h := range b.held {
+		if h.lease.id == id {
+			return h.lease
+		}
+	}
+	ready := make(chan struct{})
+	close(ready)
+	return &leaseState{id: id, ready: ready, foreign: true}
+}
