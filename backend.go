@@ -127,3 +127,13 @@ type Inspector interface {
 type ForceReleaser interface {
 	ForceRelease(ctx context.Context, key string) (Info, error)
 }
+
+// TTLLimiter is an optional Backend capability for servers that cannot
+// hold a lease longer than some bound (ZooKeeper: the session timeout).
+// A Client created without WithTTL uses MaxTTL when it is below
+// DefaultTTL; an explicit WithTTL above it fails at Acquire with the
+// backend's ErrInvalidTTL error. MaxTTL returns 0 when there is no bound
+// (or it is not known yet).
+type TTLLimiter interface {
+	MaxTTL() time.Duration
+}

@@ -57,6 +57,11 @@ func New(b Backend, opts ...Option) *Client {
 		return c
 	}
 	c.err = c.cfg.apply(opts)
+	if lim, ok := b.(TTLLimiter); ok && !c.cfg.ttlSet {
+		if max := lim.MaxTTL(); max >= MinTTL && max < c.cfg.ttl {
+			c.cfg.ttl = max
+		}
+	}
 	c.batch, _ = b.(BatchRefresher)
 	c.notifier, _ = b.(Notifier)
 	c.waiter, _ = b.(Waiter)

@@ -404,3 +404,34 @@ func TestAcquireManyNoDeadlock(t *testing.T) {
 		t.Fatalf("completed: got %d, want %d", done.Load(), 8*50)
 	}
 }
+
+type limited struct {
+	*memlock.Backend
+	max time.Duration
+}
+
+func (l limited) MaxTTL() time.Duration { return l.max }
+
+func TestTTLLimiterDefault(t *testing.T) {
+	ctx := context.Background()
+	c := dlock.New(limited{memlock.New(), 5 * time.Second})
+	defer c.Close()
+	l, err := c.Acquire(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(ctx)
+	if l.TTL() != 5*time.Second {
+		t.Fatalf("TTL without WithTTL on a backend limited to 5s: got %v, want 5s", l.TTL())
+	}
+	c2 := dlock.New(limited{memlock.New(), 5 * time.Second}, dlock.WithTTL(2*time.Second))
+	defer c2.Close()
+	l2, err := c2.Acquire(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l2.Release(ctx)
+	if l2.TTL() != 2*time.Second {
+		t.Fatalf("explicit TTL: got %v, want 2s", l2.TTL())
+	}
+}

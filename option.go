@@ -36,6 +36,7 @@ type Option func(*config) error
 
 type config struct {
 	ttl            time.Duration
+	ttlSet         bool // WithTTL was given
 	wait           WaitStrategy
 	autoRenew      bool
 	owner          string
@@ -68,14 +69,16 @@ func (c *config) apply(opts []Option) error {
 	return nil
 }
 
-// WithTTL sets the lease lifetime. Default DefaultTTL (30s). A TTL below
+// WithTTL sets the lease lifetime. Default DefaultTTL (30s), or the
+// backend's maximum when it is lower (TTLLimiter: ZooKeeper's session
+// timeout). A TTL below
 // MinTTL (1ms) is an ErrInvalidTTL error. The watchdog renews every TTL/3.
 func WithTTL(ttl time.Duration) Option {
 	return func(c *config) error {
 		if ttl < MinTTL {
 			return fmt.Errorf("%w: %v is below the minimum %v", ErrInvalidTTL, ttl, MinTTL)
 		}
-		c.ttl = ttl
+		c.ttl, c.ttlSet = ttl, true
 		return nil
 	}
 }

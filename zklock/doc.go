@@ -1,0 +1,155 @@
+// Package zklock is the ZooKeeper backend of dlock: a fair (FIFO) lock
+// built from ephemeral sequential znodes, each waiter watching only its
+// predecessor, with the lock node's czxid as the fencing token.
+//
+//	conn, b, err := zklock.Connect([]string{"zk1:2181"}, 10*time.Second)
+//	if err != nil { ... }
+//	c := dlock.New(b, dlock.WithTTL(10*time.Second)) // TTL ≤ the session timeout
+//	defer c.Close()                                  // also closes conn
+//	err = c.Do(ctx, "order:1001", func(ctx context.Context, l *dlock.Lease) error { ... })
+//	_ = conn                                         // usable for other purposes too
+//
+// A Backend wraps one ZooKeeper session: the *zk.Conn made by Connect (the
+// Backend owns it) or passed to New (the caller owns it). Give each
+// dlock.Client its own Backend; all the Client's locks share the session.
+//
+// # Layout
+//
+// The locks live under a root path (WithPath, default "/dlock"). Key k has
+// a queue node root/escape(k) (a container znode, which the server removes
+// some time after it empties) holding one ephemeral sequential node per
+// holder or waiter:
+//
+//	/dlock/orders%2F1001/_c_3f0c…e1-lock-0000000007   holder (lowest sequence)
+//	/dlock/orders%2F1001/_c_9a41…07-lock-0000000008   waiter, watches …07
+//
+// The node's data is the owner token (shown by Inspect). The name follows
+// the "protected" convention of Apache Curator and go-zookeeper: "_c_", a
+// random 32-hex-digit guid chosen per acquisition, "-lock-", and the
+// sequence ZooKeeper appends. Queues are ordered by sequence number, so
+// nodes of go-zookeeper's zk.Lock on the same queue node interoperate.
+// zklock never deletes parent nodes; root components are created as empty
+// persistent znodes on first use.
+//
+// Escaping: a key is any bytes, a znode name is not. escape keeps ASCII
+// letters, digits and "-_.:@,=+~" and writes every other byte as "%XX"
+// (upper-case hex), including "/" and "%" themselves; the names "." and
+// ".." become "%2E" and "%2E%2E". The mapping is one to one and always
+// yields a single valid ASCII znode name: "a/b" is the node "a%2Fb", never
+// a nested path. Backend.KeyPath shows the result.
+//
+// # Acquiring
+//
+// An acquisition creates its node and lists the queue: first in the queue
+// means granted; otherwise Wait sets a watch on the node just ahead (one
+// watch per waiter, so a release wakes exactly one waiter — no herd) and
+// lists again when it fires, since the predecessor may have been a waiter
+// that gave up. A waiter second in line also watches its own node; then
+// the predecessor's deletion is the grant and no listing is needed (nodes
+// ahead only ever leave, and had our node been deleted first, its watch
+// would have fired first): the hand-off costs the holder's delete and one
+// notification. TryAcquire deletes its node again when it is not first. A
+// waiter whose context ends deletes its node at once, with a fresh context
+// bounded by a second, and returns the context's error; go-zookeeper's own
+// zk.Lock has neither contexts nor a try operation.
+//
+// Round trips: an uncontended acquire and release take three (create,
+// list, delete) and a contended one five (create, list, watch, list,
+// delete), as zk.Lock's do. The fence costs none: with Connect it is read
+// off the wire from the create's reply (whose zxid is the new node's
+// czxid), with New the create is a multi-op with an empty write to the
+// queue node, whose returned Stat carries the same zxid. The watch that
+// reports a held node's deletion is set 100ms into a hold (most holds are
+// over by then), or at the first Refresh.
+//
+// Lost replies: if the connection drops after a create was sent, the node
+// may or may not exist. The acquisition lists the queue once reconnected
+// and adopts the node whose name carries its guid, instead of creating a
+// second one and leaving the first in the queue for as long as the session
+// lives (which would block every later waiter). Any node an acquisition
+// cannot account for — a create or delete whose answer never came — is
+// deleted by a background clean-up that retries until the node or its
+// session is gone, or the Backend is closed.
+//
+// Reentrancy (dlock.WithOwner) is local to the Backend: the same owner
+// token re-entering through the same Backend increments a count kept in
+// memory (after checking that the node still exists), keeps the fence, and
+// only the last Release deletes the node. The same owner through another
+// Backend, i.e. another session, queues like anyone else.
+//
+// # Fence
+//
+// The fence is the lock node's czxid, the zxid of the transaction that
+// created it. Holders are granted in sequence order, sequence order is
+// creation order, and zxids grow with every transaction of the ensemble,
+// so fences strictly increase per key, also across leader changes and
+// restarts that keep the data directory. They restart only if
+// the ensemble's data is wiped.
+//
+// # TTL and the session timeout
+//
+// A lock node lives as long as the session that created it. ZooKeeper
+// expires a session when it has received nothing from the client for the
+// session timeout T the server negotiated at connect time (the requested
+// timeout clamped to [minSessionTimeout, maxSessionTimeout], by default 2
+// to 20 × tickTime), and never earlier. The connection's heartbeats keep a
+// live, connected session from expiring, so a lock does not need renewing
+// on the server; Request.TTL cannot change T.
+//
+// The dlock Client, however, computes a lease's Expires as invoke time +
+// TTL − drift and renews (Refresh) every TTL/3. A successful Refresh sent
+// at local time t0 reads the node after a sync; the server received the
+// request — which counts as contact with the session — at some t1 ≥ t0,
+// and the node existing then means the session was alive then, so the
+// server keeps the node until at least t1 + T ≥ t0 + T. The Client's
+// Expires is therefore within what the server guarantees exactly when
+// TTL ≤ T. zklock rejects a longer TTL (on acquire and on Refresh) with an
+// error matching dlock.ErrInvalidTTL. A shorter TTL is safe but costs more
+// renewals; whatever the TTL, the lock of a holder that crashed is freed T
+// (plus at most one tickTime) after its last contact. Choose T as the
+// longest time you accept a dead holder blocking the lock, and TTL = T.
+//
+// Connect reads T from the server's handshake reply on every connection.
+// go-zookeeper does not expose it for a connection made elsewhere, so New
+// needs WithSessionTimeout; without it every acquisition fails with
+// dlock.ErrInvalidTTL rather than guess.
+//
+// Ensembles: a follower relays the session contacts it sees to the leader
+// with its next ping (every tickTime/2); if it is cut off from the leader
+// right after answering a Refresh, the leader's last contact with the
+// session may be the previous heartbeat, up to T/3 earlier. The bound
+// above is exact for a standalone server; against an ensemble use TTL ≤
+// 2T/3. The sync in Refresh makes a lagging follower catch up first, so a
+// Refresh never reports a node the leader has already deleted.
+//
+// # Lost leases
+//
+//   - Disconnected is "suspended", not lost: the session, and the lock,
+//     survive a reconnection within T. Refresh fails meanwhile, and the
+//     Client keeps the lease until its Expires, then reports it lost.
+//   - A lease the Client reports lost on its own (no successful Refresh
+//     until Expires) has its node deleted in the background as soon as the
+//     server answers again: a holder that gave up must not keep the lock
+//     for the rest of its session.
+//   - Session expiry, the node's deletion by anyone but Release (an
+//     operator, ForceRelease), or the connection being closed end the lease
+//     at once: the Backend waits on the watches of all held nodes from one
+//     event goroutine and reports through dlock.LossNotifier, so Lease.Done
+//     closes without waiting for the next renewal. (In the first 100ms of
+//     a hold, before its watch is set, a deletion is found by Release,
+//     Refresh or the setting of the watch.) Refresh finding the node gone,
+//     or owned by another session, reports dlock.ErrNotHeld.
+//
+// Session events: go-zookeeper delivers them on the channel zk.Connect
+// returns, or to a callback that can only be installed by zk.Connect, so a
+// Backend on a connection made elsewhere cannot see them. zklock does not
+// need them: it learns of everything that ends a lease from the
+// existence watch it keeps on each held node (go-zookeeper fires it with
+// the node's deletion, and with ErrSessionExpired or ErrClosing when it
+// finds the session expired on reconnecting or the connection closed),
+// and from Refresh; the Client's Expires covers the time in between. So
+// New and Connect behave alike; Connect adds that it knows T and owns the
+// connection (closing the Backend ends the session, which frees its locks
+// at once), New that the caller keeps control of the connection and its
+// event channel, and must state T.
+package zklock

@@ -1,0 +1,185 @@
+package zklock
+
+import (
+	"encoding/binary"
+	"net"
+	"strings"
+	"sync"
+	"time"
+)
+
+// A Backend made by Connect reads two things go-zookeeper does not expose
+// off the wire of its connection (it only looks, never changes a byte):
+//
+//   - the session timeout the server negotiated, from the ConnectResponse
+//     that opens every connection (int32 protocolVersion, int32 timeOut in
+//     ms, int64 sessionId, passwd), which TTLs are checked against;
+//   - the zxid of the reply to each lock node's create, which is the new
+//     node's czxid — the fence — so a grant needs no extra read of the
+//     node. Requests are frames of int32 xid, int32 opcode, then for a
+//     create the path; replies start with int32 xid, int64 zxid, int32 err.
+//
+// Every frame is prefixed with its int32 length. A Backend from New (or a
+// create whose reply was not seen) gets the czxid another way: see
+// createOnce.
+
+const (
+	opCreate      = 1
+	maxCreateHead = 12 + 4<<10 // xid, opcode, path length and up to 4 KiB of path
+	replyHead     = 16         // xid, zxid, err
+	connectHead   = 16         // protocolVersion, timeOut, sessionId
+)
+
+// sniffConn watches the frames of one connection. Writes come from one
+// goroutine at a time, and so do reads.
+type sniffConn struct {
+	net.Conn
+	b      *Backend
+	out    frames
+	in     frames
+	outAny bool // the ConnectRequest has been written
+	inAny  bool // the ConnectResponse has been read
+
+	mu      sync.Mutex
+	creates map[int32]string // xid → path prefix of our creates awaiting their reply
+}
+
+func newSniffConn(c net.Conn, b *Backend) *sniffConn {
+	s := &sniffConn{Conn: c, b: b, creates: make(map[int32]string)}
+	s.out = frames{max: maxCreateHead, fn: s.request}
+	s.in = frames{max: replyHead, fn: s.reply}
+	return s
+}
+
+func (c *sniffConn) Write(p []byte) (int, error) {
+	c.out.feed(p) // before the bytes leave: the reply cannot come first
+	return c.Conn.Write(p)
+}
+
+func (c *sniffConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.in.feed(p[:n])
+	return n, err
+}
+
+// request notes the xid of each create of a lock node.
+func (c *sniffConn) request(head []byte) {
+	if !c.outAny {
+		c.outAny = true // the ConnectRequest
+		return
+	}
+	if len(head) < 12 || int32(binary.BigEndian.Uint32(head[4:8])) != opCreate {
+		return
+	}
+	n := int(binary.BigEndian.Uint32(head[8:12]))
+	if n < 0 || 12+n > len(head) {
+		return
+	}
+	path := string(head[12 : 12+n])
+	if !strings.Contains(path, "/"+protectedPrefix) {
+		return
+	}
+	c.mu.Lock()
+	c.creates[int32(binary.BigEndian.Uint32(head[0:4]))] = path
+	c.mu.Unlock()
+}
+
+// reply records the negotiated session timeout, and the zxid of each
+// successful create of a lock node.
+func (c *sniffConn) reply(head []byte) {
+	if !c.inAny {
+		c.inAny = true
+		if len(head) >= connectHead {
+			timeout := int32(binary.BigEndian.Uint32(head[4:8]))
+			session := binary.BigEndian.Uint64(head[8:16])
+			if session != 0 && timeout > 0 { // session 0: the old session expired
+				c.b.negotiated.Store(int64(timeout) * int64(time.Millisecond))
+			}
+		}
+		return
+	}
+	if len(head) < replyHead {
+		return
+	}
+	xid := int32(binary.BigEndian.Uint32(head[0:4]))
+	if xid < 0 { // watch events (-1) and pings (-2)
+		return
+	}
+	c.mu.Lock()
+	path, ok := c.creates[xid]
+	delete(c.creates, xid)
+	c.mu.Unlock()
+	if ok && binary.BigEndian.Uint32(head[12:16]) == 0 {
+		c.b.czxids.put(path, int64(binary.BigEndian.Uint64(head[4:12])))
+	}
+}
+
+// frames splits a byte stream into length-prefixed frames and hands the
+// first max bytes of each frame's body to fn when the frame ends.
+type frames struct {
+	max    int
+	fn     func(head []byte)
+	lenBuf [4]byte
+	lenN   int
+	left   int // body bytes of the current frame still to come
+	head   []byte
+}
+
+func (f *frames) feed(p []byte) {
+	for len(p) > 0 {
+		if f.left == 0 {
+			k := copy(f.lenBuf[f.lenN:], p)
+			f.lenN += k
+			p = p[k:]
+			if f.lenN < len(f.lenBuf) {
+				return
+			}
+			f.lenN = 0
+			f.left = int(binary.BigEndian.Uint32(f.lenBuf[:]))
+			f.head = f.head[:0]
+			if f.left == 0 {
+				f.fn(nil)
+			}
+			continue
+		}
+		k := min(len(p), f.left)
+		if room := f.max - len(f.head); room > 0 {
+			f.head = append(f.head, p[:min(k, room)]...)
+		}
+		f.left -= k
+		p = p[k:]
+		if f.left == 0 {
+			f.fn(f.head)
+		}
+	}
+}
+
+// zxidTable holds the czxids sniffed from create replies until the
+// creates that made them pick them up. Entries of creates abandoned
+// before they could (their context ended) are dropped when the table
+// grows past maxZxids.
+type zxidTable struct {
+	mu sync.Mutex
+	m  map[string]int64
+}
+
+const maxZxids = 1024
+
+func (t *zxidTable) put(prefix string, zxid int64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.m == nil || len(t.m) >= maxZxids {
+		t.m = make(map[string]int64)
+	}
+	t.m[prefix] = zxid
+}
+
+// take returns and forgets the czxid of the node created with prefix, 0
+// when none was seen.
+func (t *zxidTable) take(prefix string) int64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	z := t.m[prefix]
+	delete(t.m, prefix)
+	return z
+}
