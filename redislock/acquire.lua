@@ -1,28 +1,35 @@
--- acquire.lua: one attempt to take a lock (see doc.go for the key layout).
+-- acquire.lua: one attempt to take a lock (see lib.lua and doc.go for the
+-- key layout). Preceded by lib.lua.
 --
--- KEYS[1]  the lock: a hash {owner, count, fence[, wait]} that expires with
---          the lease
+-- KEYS[1]  the lock: a hash {owner, count, fence[, wait][, claim]} that
+--          expires with the lease
 -- KEYS[2]  the fence counter: a string holding the last fence issued, no TTL
+-- KEYS[3]  the FIFO queue, KEYS[4] its heartbeats
 -- ARGV[1]  the owner token
 -- ARGV[2]  the lease TTL in milliseconds
 -- ARGV[3]  "1" when the request is reentrant
+-- ARGV[4]  the claim TTL in milliseconds, ARGV[5] the wake channel prefix
 --
 -- Returns {1, fence, count} when the token holds the lock now,
 --         {0, pttl}         when another token holds it (pttl -1: no TTL),
 --         {-1, key, type}   when a key holds a value of another type;
 --                           nothing is changed then.
 --
+-- A free lock with live FIFO waiters goes to the first of them (it is
+-- handed over here, as a release would), not to this attempt: FIFO waiters
+-- are never overtaken.
+--
 -- Every redis.call costs about a microsecond of server time (Redis 7.0),
--- so the free path makes five: PTTL, TIME, SET ... GET, HSET, PEXPIRE.
-local lock, counter = KEYS[1], KEYS[2]
+-- so the free path makes six: PTTL, TIME, EXISTS, SET ... GET, HSET, PEXPIRE.
+local lock, counter, q, hb = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local token, ttl = ARGV[1], ARGV[2]
 
 local pttl = redis.call('PTTL', lock) -- -2: no such key
 if pttl ~= -2 then
-  local h = redis.pcall('HMGET', lock, 'owner', 'count', 'fence', 'wait')
+  local h = redis.pcall('HMGET', lock, 'owner', 'count', 'fence', 'wait', 'claim')
   if h['err'] or not h[1] then
     -- Not a hash, or a hash that is not one of ours.
-    return {-1, lock, redis.call('TYPE', lock)['ok']}
+    return wrong(lock)
   end
   if h[1] ~= token then
     -- Held by another token. Mark the lock as waited on, so that its
@@ -32,10 +39,13 @@ if pttl ~= -2 then
     end
     return {0, pttl}
   end
-  -- The token holds the lock already. Reentrant: one more hold.
-  -- Otherwise this repeats an attempt whose reply was lost: grant it again.
+  -- The token holds the lock already. Handed over to it by a release and
+  -- not claimed yet: this claims it. Reentrant: one more hold. Otherwise
+  -- this repeats an attempt whose reply was lost: grant it again.
   local n = tonumber(h[2]) or 1
-  if ARGV[3] == '1' then
+  if h[5] then
+    redis.call('HDEL', lock, 'claim')
+  elseif ARGV[3] == '1' then
     n = redis.call('HINCRBY', lock, 'count', 1)
   end
   redis.call('PEXPIRE', lock, ttl)
@@ -46,19 +56,21 @@ end
 -- fence this counter issued, and above every fence issued before the counter
 -- was lost or rolled back (DEL, a restart without persistence, a failover)
 -- as long as the server clock does not step back.
-local now = redis.call('TIME')
-local fence = tonumber(now[1]) * 1000000 + tonumber(now[2])
-local f = string.format('%.0f', fence)
-local last = redis.pcall('SET', counter, f, 'GET')
-if type(last) == 'table' and last['err'] then
-  return {-1, counter, redis.call('TYPE', counter)['ok']}
+local now_us, now_ms = now()
+if redis.call('EXISTS', q) == 1 then
+  local head, _, err = hand_off(lock, counter, q, hb, nil, ttl, ARGV[4], ARGV[5], now_us, now_ms)
+  if err then
+    return err
+  end
+  if head then
+    redis.call('HSET', lock, 'wait', 1)
+    return {0, tonumber(ARGV[4])}
+  end
 end
-last = tonumber(last)
-if last and last >= fence then
-  fence = last + 1
-  f = string.format('%.0f', fence)
-  redis.call('SET', counter, f)
+local fence, err = new_fence(counter, now_us)
+if not fence then
+  return err
 end
-redis.call('HSET', lock, 'owner', token, 'count', 1, 'fence', f)
+redis.call('HSET', lock, 'owner', token, 'count', 1, 'fence', fmt(fence))
 redis.call('PEXPIRE', lock, ttl)
 return {1, fence, 1}

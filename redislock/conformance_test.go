@@ -21,7 +21,8 @@ func TestConformance(t *testing.T) {
 			NewBackend: func(t *testing.T) dlock.Backend {
 				return redislock.New(newRDB(t, srv.Addr()))
 			},
-			TTL: 500 * time.Millisecond,
+			TTL:  500 * time.Millisecond,
+			FIFO: true,
 			Outage: func(t *testing.T) func() {
 				if err := srv.Pause(); err != nil {
 					t.Fatalf("Pause: %v", err)
@@ -41,7 +42,8 @@ func TestConformance(t *testing.T) {
 					o.ContextTimeoutEnabled = true
 				}))
 			},
-			TTL: 500 * time.Millisecond,
+			TTL:  500 * time.Millisecond,
+			FIFO: true,
 			Outage: func(t *testing.T) func() {
 				if err := srv2.Kill(); err != nil {
 					t.Fatalf("Kill: %v", err)

@@ -11,17 +11,27 @@
 //
 // # Keys
 //
-// A lock on KEY uses three names that share the Redis Cluster hash tag
+// A lock on KEY uses these names, which share the Redis Cluster hash tag
 // {KEY}, so they live in one slot and the scripts may touch them together:
 //
-//	dlock:{KEY}        the lock: a hash {owner, count, fence[, wait]} whose
-//	                   TTL is the lease's; owner is the owner token, count
-//	                   the reentrant hold count, fence the grant's fencing
-//	                   token, wait a flag set when someone found it held
+//	dlock:{KEY}        the lock: a hash {owner, count, fence[, wait][, claim]}
+//	                   whose TTL is the lease's; owner is the owner token,
+//	                   count the reentrant hold count, fence the grant's
+//	                   fencing token, wait a flag set when someone found it
+//	                   held, claim a flag set while a lock handed to a FIFO
+//	                   waiter is not claimed yet
 //	dlock:{KEY}:fence  the fence counter: the last fence issued for KEY, a
 //	                   string with no TTL (one per key ever locked)
+//	dlock:{KEY}:q      the FIFO queue (only while FIFO waiters wait): a
+//	                   sorted set of waiters by arrival number
+//	dlock:{KEY}:hb     the FIFO waiters' heartbeats: a sorted set of the
+//	                   same waiters by deadline (server time, ms); both
+//	                   expire after twice the waiter TTL without a heartbeat
 //	dlock:{KEY}:rel    the release channel, PUBLISHed to when the lock is
-//	                   freed while someone waits for it
+//	                   freed while someone waits for it (without WithFIFO)
+//	dlock:wake:ID      a Backend's wake channel (ID: 26 random characters,
+//	                   one per Backend): a release that hands the lock to
+//	                   one of this Backend's FIFO waiters PUBLISHes here
 //
 // The prefix "dlock:" is set with WithPrefix. A key that starts with '}'
 // or '\' gets a leading '\' inside the braces (an empty tag would split
@@ -30,25 +40,31 @@
 // # Scripts
 //
 // Each operation is one Lua script, in the .lua files of this package
-// (embedded with go:embed), run with EVALSHA and, when the server answers
+// (embedded with go:embed; lib.lua holds the functions several share and
+// is put in front of them), run with EVALSHA and, when the server answers
 // NOSCRIPT (after a restart or SCRIPT FLUSH), again with the source:
 //
 //   - acquire.lua takes a free lock (new hash, count 1, a new fence),
 //     re-enters one the token holds (count + 1, same fence, TTL refreshed)
-//     or reports the holder's PTTL, which bounds the waiter's next wait;
+//     or reports the holder's PTTL, which bounds the waiter's next wait; a
+//     free lock with live FIFO waiters goes to the first of them instead;
 //   - release.lua compares the owner token (and the grant's fence), then
-//     decrements the count or deletes the lock, PUBLISHing on the release
-//     channel if an attempt found the lock held meanwhile;
+//     decrements the count, or hands the lock to the first live FIFO
+//     waiter, or deletes it, PUBLISHing on the release channel if an
+//     attempt found the lock held meanwhile;
 //   - refresh.lua compares the owner token and fence and sets the TTL;
 //     RefreshMany sends one refresh per lease in ONE pipeline (one round
 //     trip per server; a ClusterClient splits it by node);
+//   - queue.lua is one step of a FIFO wait (join, heartbeat, claim), and
+//     leave.lua takes a waiter that gives up out of the queue;
+//   - acquire_all.lua takes several locks of one slot, all or none;
 //   - inspect.lua reads a lock, or deletes it for ForceRelease.
 //
 // Release and Refresh change nothing when the token does not hold the lock
 // and return an error matching dlock.ErrNotHeld. A lock or fence key that
 // holds another type of value (a user's list under the same name) is never
 // overwritten: the call fails with an error matching dlock.ErrWrongType that
-// names the key.
+// names the key. So do the queue keys.
 //
 // # Fencing
 //
@@ -79,18 +95,62 @@
 // or ZooKeeper, when that matters. Lock expiry runs on the server's clock:
 // a clock that jumps forward expires locks early.
 //
+// WithReplicas narrows the gap: every acquisition is confirmed by WAIT n
+// (sent in the same pipeline, on the same connection, as the script), and
+// one that fewer than n replicas acknowledged in time is released and
+// fails with ErrNotReplicated. A promoted replica that had acknowledged
+// has the lock. It stays a narrowing, not a guarantee: replication is
+// still asynchronous (WAIT only reports what happened), a failover may
+// pick a replica that had not acknowledged when n is smaller than the
+// number of replicas, a replica may restart empty, renewals and releases
+// are not confirmed (after a failover a lease may have an older TTL than
+// its holder computed, a released lock may come back until it expires),
+// and WAITAOF (persistence on the replicas, Redis 7.2) is not used. FIFO
+// queues and heartbeats are replicated like any write; after a failover,
+// waiters that the new primary lost put themselves back at their arrival
+// number with their next heartbeat.
+//
 // # Waiting
 //
-// The Backend implements dlock.Notifier: waiters are woken by the release
-// channel, over ONE pub/sub connection per Backend shared by all its
-// waiters (Subscribe returns once the server confirmed the subscription;
-// each channel is subscribed while it has waiters). The Client bounds each
-// wait by the holder's remaining TTL, so a lost message (a reconnect, an
-// expiry, which publishes nothing) costs at most that. In a Cluster the
-// channel is an ordinary one (PUBLISH reaches every node), so one
-// connection hears every release. A *redis.Ring is refused for that reason:
-// its shards do not share messages. There is no server-side queue yet, so
-// the Client refuses WithFIFO.
+// Without WithFIFO, waiters retry: the Backend implements dlock.Notifier,
+// and waiters are woken by the release channel, over ONE pub/sub connection
+// per Backend shared by all its waiters (Subscribe returns once the server
+// confirmed the subscription; each channel is subscribed while it has
+// waiters). The Client bounds each wait by the holder's remaining TTL, so a
+// lost message (a reconnect, an expiry, which publishes nothing) costs at
+// most that. Retrying is not fair: the releaser may take the lock again
+// before the woken waiters get to it.
+//
+// With WithFIFO, the Backend is a dlock.Waiter: waiters queue in arrival
+// order on the server, and the release of a lock hands it over, inside
+// release.lua, to the first live waiter (new fence, reserved for it for
+// the waiter TTL), and PUBLISHes on that waiter's Backend's wake channel
+// only: one release wakes one waiter, which claims the lock (lease TTL) in
+// one request. Waiters heartbeat every waiter TTL/4 (server time, TIME in
+// the script); a release skips waiters whose heartbeat is older than the
+// waiter TTL, and a lock handed to a waiter that died is free again after
+// the waiter TTL, so a dead waiter delays the others by at most the waiter
+// TTL plus a quarter of it (DefaultWaiterTTL 400ms: 500ms). A waiter whose
+// context ends leaves the queue at once, passing on a lock it was just
+// handed. A contended FIFO acquisition costs three requests (join, claim,
+// release) plus a heartbeat per 100ms of waiting; see Backend.Wait and
+// BenchmarkContention.
+//
+// In a Cluster the channels are ordinary ones (PUBLISH reaches every node),
+// so one connection hears every release. A *redis.Ring is refused for that
+// reason: its shards do not share messages.
+//
+// # Several keys
+//
+// The Backend implements dlock.MultiAcquirer for dlock.Client.AcquireMany:
+// keys whose locks share a Redis Cluster slot (on a single server or
+// behind Sentinel: all keys) are taken in one script, all or nothing, each
+// with its own fence; Groups computes the slots locally with CRC16, as
+// Redis does. Keys of different slots are taken group by group in sorted
+// order by the Client, so callers with overlapping key sets never
+// deadlock. Keys that should be locked together cheaply can share a slot
+// with a hash tag of their own: "{order:1001}:items" and
+// "{order:1001}:payment" do.
 //
 // # Contexts
 //

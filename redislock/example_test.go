@@ -2,6 +2,7 @@ package redislock_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
 	"os"
@@ -53,6 +54,68 @@ func ExampleNew_cluster() {
 	c := dlock.New(b)
 	defer c.Close()
 	l, err := c.TryAcquire(context.Background(), "order:1001")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer l.Release(context.Background())
+}
+
+// Fair waiting: with dlock.WithFIFO, waiters are served in arrival order
+// from a queue on the server, and each release hands the lock to the next
+// waiter directly.
+func ExampleBackend_Wait() {
+	addr := os.Getenv("REDIS_ADDR")
+	if addr == "" {
+		return
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	c := dlock.New(redislock.New(rdb), dlock.WithFIFO())
+	defer c.Close()
+	l, err := c.Acquire(context.Background(), "printer")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer l.Release(context.Background())
+}
+
+// Several keys at once, all or nothing: on a single server they are taken
+// in one script; on a Cluster, keys that share a hash tag are.
+func ExampleBackend_TryAcquireAll() {
+	addr := os.Getenv("REDIS_ADDR")
+	if addr == "" {
+		return
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	c := dlock.New(redislock.New(rdb))
+	defer c.Close()
+	ls, err := c.AcquireMany(context.Background(), []string{"order:1", "order:2"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, l := range ls {
+		fmt.Println(l.Key(), "fence", l.Fence() > 0)
+		l.Release(context.Background())
+	}
+}
+
+// Confirm every acquisition on a replica: on a Sentinel deployment with
+// one replica, an acquisition the replica did not acknowledge within
+// 100ms is undone and fails with ErrNotReplicated.
+func ExampleWithReplicas() {
+	sentinel := os.Getenv("REDIS_SENTINEL_ADDR")
+	if sentinel == "" {
+		return
+	}
+	rdb := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: "mymaster", SentinelAddrs: []string{sentinel}})
+	defer rdb.Close()
+	c := dlock.New(redislock.New(rdb, redislock.WithReplicas(1, 100*time.Millisecond)))
+	defer c.Close()
+	l, err := c.Acquire(context.Background(), "order:1001")
+	if errors.Is(err, redislock.ErrNotReplicated) {
+		log.Fatal("the replica is behind: ", err)
+	}
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -46,6 +46,10 @@ func (quietLogger) Printf(context.Context, string, ...any) {}
 
 func TestMain(m *testing.M) {
 	redis.SetLogger(quietLogger{})
+	if os.Getenv(helperEnv) != "" {
+		// Re-executed by a test as a separate waiter process.
+		os.Exit(helperMain())
+	}
 	servers, err := testserver.StartRedisN(2, testserver.RedisOptions{})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "redislock tests:", err)

@@ -12,13 +12,19 @@ import (
 const (
 	// DefaultPrefix starts the name of every Redis key and channel the
 	// backend uses: lock "dlock:{KEY}", fence counter "dlock:{KEY}:fence",
-	// release channel "dlock:{KEY}:rel".
+	// release channel "dlock:{KEY}:rel", FIFO queue "dlock:{KEY}:q" and
+	// heartbeats "dlock:{KEY}:hb", a Backend's wake channel "dlock:wake:ID".
 	DefaultPrefix = "dlock:"
 
 	// DefaultSubscribeTimeout bounds how long Subscribe waits for the server
 	// to confirm a subscription, and is the health-check interval of the
 	// shared subscription connection.
 	DefaultSubscribeTimeout = 3 * time.Second
+
+	// DefaultWaiterTTL is how long a FIFO waiter stays queued without a
+	// heartbeat, and how long a lock handed over to a waiter by a release
+	// stays reserved for it without being claimed (see WithWaiterTTL).
+	DefaultWaiterTTL = 400 * time.Millisecond
 
 	// maxPrefixLen keeps key names within reason (the key itself is at most
 	// dlock.MaxKeyLen bytes).
@@ -33,10 +39,13 @@ type Option func(*config) error
 type config struct {
 	prefix     string
 	subTimeout time.Duration
+	waiterTTL  time.Duration
+	replicas   int           // WithReplicas: 0 = off
+	replWait   time.Duration // WithReplicas: the WAIT timeout
 }
 
 func defaultConfig() config {
-	return config{prefix: DefaultPrefix, subTimeout: DefaultSubscribeTimeout}
+	return config{prefix: DefaultPrefix, subTimeout: DefaultSubscribeTimeout, waiterTTL: DefaultWaiterTTL}
 }
 
 // WithPrefix sets the text that starts every key and channel name. Default
@@ -69,6 +78,78 @@ func WithSubscribeTimeout(d time.Duration) Option {
 			return fmt.Errorf("redislock: %w: subscribe timeout %v must be positive", dlock.ErrInvalidOption, d)
 		}
 		c.subTimeout = d
+		return nil
+	}
+}
+
+// WithWaiterTTL sets the liveness bound of FIFO waiting (dlock.WithFIFO).
+// A queued waiter refreshes its heartbeat every d/4; a waiter whose
+// heartbeat is older than d (its process died, or it hung) is skipped and
+// dropped when its turn comes. A lock that a release hands over to the
+// next waiter is reserved for it for d: if the waiter does not claim it in
+// that time, the lock frees itself and the waiter after it is served at its
+// next heartbeat. So a waiter that dies at the head of the queue delays
+// the others by at most d + d/4 (plus a round trip). A live waiter that is
+// late anyway (a pause longer than d) keeps its place: its next heartbeat
+// puts it back at its arrival number.
+//
+// Default DefaultWaiterTTL (400ms). Every Backend on the same locks should
+// use the same value: the releasing Backend sets the claim time. A d below
+// 10ms is an ErrInvalidOption error (heartbeats every few milliseconds would
+// load the server more than the waiting they replace).
+func WithWaiterTTL(d time.Duration) Option {
+	return func(c *config) error {
+		if d < 10*time.Millisecond {
+			return fmt.Errorf("redislock: %w: waiter TTL %v is below 10ms", dlock.ErrInvalidOption, d)
+		}
+		c.waiterTTL = d
+		return nil
+	}
+}
+
+// WithReplicas makes every acquisition wait until n replicas have
+// acknowledged it: the acquire script and WAIT n timeout go in ONE
+// pipeline on the same connection (WAIT counts the writes of its own
+// connection only). If fewer than n replicas acknowledge within timeout,
+// the lock just taken is released again (one hold of it, for a reentrant
+// owner) and the call fails with an error matching ErrNotReplicated (and
+// not dlock.ErrNotAcquired: the lock was free, the deployment is
+// degraded). A server with no replicas fails every acquisition this way,
+// after timeout, with an error saying that no replica acknowledged.
+//
+// What it protects: an acquisition is only reported when n replicas have
+// it, so a failover to one of them keeps the lock; with n equal to the
+// number of replicas (Sentinel's usual one), every replica the failover
+// can promote has it. What it does not: replication stays asynchronous
+// (WAIT reports what happened, it does not make writes synchronous); with
+// n below the number of replicas a failover may promote one that had not
+// acknowledged; a replica that restarts without persistence forgets the
+// lock (WAITAOF, which waits for the replicas' disks, needs Redis 7.2 and
+// is not used); and renewals and releases are not confirmed, so after a
+// failover a lease may have an older TTL than its holder computed, and a
+// released lock may come back until it expires. Fences stay increasing
+// across failovers whatever happens (see the package documentation): use a
+// fenced resource where overlapping holders would do harm.
+//
+// Every acquisition attempt, including one that finds the lock held and
+// every FIFO heartbeat, then takes until the replicas have caught up
+// (about one round trip), or until timeout when they cannot; keep timeout
+// well below WithWaiterTTL, or FIFO waiters of a degraded deployment miss
+// their heartbeats (they keep their place, but may be skipped once). On a
+// Redis Cluster the pipeline goes to the primary of the lock's slot.
+//
+// Default off. An n < 1 or a timeout below 1ms (WAIT 0 would wait
+// forever) is an ErrInvalidOption error, and so is a timeout not shorter
+// than the go-redis client's ReadTimeout (the reply would time out first).
+func WithReplicas(n int, timeout time.Duration) Option {
+	return func(c *config) error {
+		if n < 1 {
+			return fmt.Errorf("redislock: %w: WithReplicas: %d replicas, want at least 1", dlock.ErrInvalidOption, n)
+		}
+		if timeout < time.Millisecond {
+			return fmt.Errorf("redislock: %w: WithReplicas: timeout %v, want at least 1ms", dlock.ErrInvalidOption, timeout)
+		}
+		c.replicas, c.replWait = n, timeout
 		return nil
 	}
 }

@@ -33,10 +33,19 @@ import (
 // wsem (a mutex that a waiting caller can give up on) orders the
 // SUBSCRIBE/UNSUBSCRIBE writes like the state changes that cause them; mu
 // guards the state and is never held during I/O.
+//
+// FIFO waiters (Wait) are woken on the Backend's own wake channel, which
+// releases PUBLISH on when they hand the lock to one of this Backend's
+// waiters. It is subscribed by the first Wait and stays subscribed until
+// Close (a permanent waiter holds it), so a wait costs no SUBSCRIBE. Its
+// messages are routed by payload ("#lock:lock" + token) to the one waiter
+// they are for; when the channel is subscribed again after a reconnect,
+// every routed waiter is woken to check its state.
 type hub struct {
 	b *Backend
 
-	wsem chan struct{} // buffer one; made by New
+	wsem    chan struct{} // buffer one; made by New
+	wakeSem chan struct{} // buffer one; made by New: serializes wakeReady
 
 	mu      sync.Mutex
 	ps      *redis.PubSub // nil until the first Subscribe
@@ -46,6 +55,9 @@ type hub struct {
 	stop    chan struct{}
 	done    chan struct{}
 	started bool
+
+	wakeLive bool                            // the wake channel is subscribed for good
+	routes   map[string]map[*waiter]struct{} // FIFO waiters by route
 }
 
 type topic struct {
@@ -332,7 +344,7 @@ func (h *hub) run() {
 		backoff, pinged = 0, false
 		switch m := msg.(type) {
 		case *redis.Message:
-			h.notify(m.Channel)
+			h.notify(m.Channel, m.Payload)
 		case *redis.Subscription:
 			h.confirmed(m)
 		}
@@ -350,13 +362,114 @@ func isTimeout(err error) bool {
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
-// notify wakes every waiter of the channel.
-func (h *hub) notify(name string) {
+// notify wakes every waiter of the channel, or, on the wake channel, the
+// FIFO waiters of the payload's route.
+func (h *hub) notify(name, payload string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if name == h.b.wake {
+		for w := range h.routes[payload] {
+			w.notify()
+		}
+		return
+	}
 	if t := h.topics[name]; t != nil {
 		for w := range t.waiters {
 			w.notify()
+		}
+	}
+}
+
+// notifyRoutes wakes every FIFO waiter. h.mu must be held.
+func (h *hub) notifyRoutes() {
+	for _, ws := range h.routes {
+		for w := range ws {
+			w.notify()
+		}
+	}
+}
+
+// wakeReady subscribes the wake channel once, for the Backend's lifetime,
+// and returns when the server has confirmed it (or fails after ctx ends or
+// the subscribe timeout; a later call tries again).
+func (h *hub) wakeReady(ctx context.Context) error {
+	h.mu.Lock()
+	live := h.wakeLive
+	h.mu.Unlock()
+	if live {
+		return nil
+	}
+	select {
+	case h.wakeSem <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-h.wakeSem }()
+	h.mu.Lock()
+	live = h.wakeLive
+	h.mu.Unlock()
+	if live {
+		return nil
+	}
+	name := h.b.wake
+	w := &waiter{ch: make(chan struct{}, 1), ready: make(chan struct{})}
+	if err := h.add(ctx, name, w); err != nil {
+		return err
+	}
+	timer := time.NewTimer(h.b.cfg.subTimeout)
+	defer timer.Stop()
+	select {
+	case <-w.ready:
+		if w.err != nil {
+			h.remove(name, w)
+			return w.err
+		}
+		h.mu.Lock()
+		h.wakeLive = true
+		h.mu.Unlock()
+		return nil
+	case <-ctx.Done():
+		h.remove(name, w)
+		return ctx.Err()
+	case <-timer.C:
+		h.remove(name, w)
+		h.mu.Lock()
+		h.broken = true // self-repair: replace the connection
+		h.mu.Unlock()
+		return fmt.Errorf("no confirmation from the server within %v", h.b.cfg.subTimeout)
+	}
+}
+
+// route registers a FIFO waiter for the wake messages with payload route.
+// After Close it returns a waiter that is already notified.
+func (h *hub) route(route string) *waiter {
+	w := &waiter{ch: make(chan struct{}, 1)}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		w.notify()
+		return w
+	}
+	if h.routes == nil {
+		h.routes = make(map[string]map[*waiter]struct{})
+	}
+	ws := h.routes[route]
+	if ws == nil {
+		ws = make(map[*waiter]struct{})
+		h.routes[route] = ws
+	}
+	ws[w] = struct{}{}
+	return w
+}
+
+// unroute removes a FIFO waiter registered by route.
+func (h *hub) unroute(route string, w *waiter) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if ws := h.routes[route]; ws != nil {
+		delete(ws, w)
+		if len(ws) == 0 {
+			delete(h.routes, route)
 		}
 	}
 }
@@ -384,6 +497,9 @@ func (h *hub) confirmed(m *redis.Subscription) {
 			t.resync = false
 			for w := range t.waiters {
 				w.notify()
+			}
+			if m.Channel == h.b.wake {
+				h.notifyRoutes()
 			}
 		}
 	case "unsubscribe":
@@ -462,6 +578,7 @@ func (h *hub) close() error {
 			w.confirm(errClosed)
 		}
 	}
+	h.notifyRoutes() // FIFO waiters see the Backend closed
 	h.mu.Unlock()
 	if !started {
 		return nil

@@ -2,7 +2,7 @@ package redislock
 
 import (
 	"context"
-	_ "embed"
+	"crypto/rand"
 	"fmt"
 	"reflect"
 	"strconv"
@@ -13,25 +13,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dlock-go/dlock"
-)
-
-// The scripts, embedded from their .lua files. redis.Script runs them with
-// EVALSHA and falls back to EVAL when the server answers NOSCRIPT (after a
-// restart or SCRIPT FLUSH); RefreshMany does the same for its pipeline.
-var (
-	//go:embed acquire.lua
-	acquireSrc string
-	//go:embed release.lua
-	releaseSrc string
-	//go:embed refresh.lua
-	refreshSrc string
-	//go:embed inspect.lua
-	inspectSrc string
-
-	acquireScript = redis.NewScript(acquireSrc)
-	releaseScript = redis.NewScript(releaseSrc)
-	refreshScript = redis.NewScript(refreshSrc)
-	inspectScript = redis.NewScript(inspectSrc)
 )
 
 // Client is the part of a go-redis v9 client the backend uses. It is
@@ -56,18 +37,26 @@ var (
 	_ dlock.Notifier       = (*Backend)(nil)
 	_ dlock.Inspector      = (*Backend)(nil)
 	_ dlock.ForceReleaser  = (*Backend)(nil)
+	_ dlock.Waiter         = (*Backend)(nil)
+	_ dlock.MultiAcquirer  = (*Backend)(nil)
 )
 
 // Backend is a dlock.Backend on Redis. It implements dlock.Backend,
-// dlock.BatchRefresher, dlock.Notifier, dlock.Inspector and
-// dlock.ForceReleaser; it has no server-side queue (dlock.Waiter) yet, so
-// the Client refuses WithFIFO. Create it with New; it is safe for
-// concurrent use.
+// dlock.BatchRefresher, dlock.Notifier, dlock.Waiter (a server-side FIFO
+// queue for WithFIFO requests), dlock.MultiAcquirer, dlock.Inspector and
+// dlock.ForceReleaser. Create it with New; it is safe for concurrent use.
 type Backend struct {
 	rdb    Client
 	cfg    config
 	err    error  // from New: returned by every call
 	server string // the server address(es), for error messages
+	// id names this Backend in the FIFO queues (a member is id + token)
+	// and ends its wake channel, wake: PREFIX "wake:" id.
+	id, wake string
+	// claim and wakePre are script arguments: the claim TTL of a lock
+	// handed to a FIFO waiter (ms), and PREFIX "wake:".
+	claim, wakePre string
+	cluster        *redis.ClusterClient // rdb, when it is one (slots for Groups)
 	// ctxDeadlines reports that rdb bounds socket I/O by a context's
 	// deadline (go-redis ContextTimeoutEnabled): calls whose context has a
 	// deadline then run directly instead of on a helper goroutine.
@@ -94,9 +83,11 @@ type Backend struct {
 // at the deadline (a cancellation before the deadline then waits for the
 // reply, and a grant that arrives too late expires with its TTL).
 func New(rdb Client, opts ...Option) *Backend {
-	b := &Backend{cfg: defaultConfig()}
+	// rand.Text is 26 characters: IDLEN in lib.lua.
+	b := &Backend{cfg: defaultConfig(), id: rand.Text()}
 	b.hub.b = b
 	b.hub.wsem = make(chan struct{}, 1)
+	b.hub.wakeSem = make(chan struct{}, 1)
 	if isNil(rdb) {
 		b.err = fmt.Errorf("redislock: %w: nil Client", dlock.ErrInvalidOption)
 		return b
@@ -106,7 +97,9 @@ func New(rdb Client, opts ...Option) *Backend {
 		return b
 	}
 	b.rdb = rdb
-	b.server, b.ctxDeadlines = describe(rdb)
+	b.cluster, _ = rdb.(*redis.ClusterClient)
+	var readTimeout time.Duration
+	b.server, b.ctxDeadlines, readTimeout = describe(rdb)
 	for _, o := range opts {
 		if o == nil {
 			b.err = fmt.Errorf("redislock: %w: nil Option", dlock.ErrInvalidOption)
@@ -117,6 +110,13 @@ func New(rdb Client, opts ...Option) *Backend {
 			return b
 		}
 	}
+	if b.cfg.replicas > 0 && readTimeout > 0 && b.cfg.replWait >= readTimeout {
+		b.err = fmt.Errorf("redislock: %w: WithReplicas: timeout %v is not shorter than the client's ReadTimeout %v", dlock.ErrInvalidOption, b.cfg.replWait, readTimeout)
+		return b
+	}
+	b.claim = ttlArg(b.cfg.waiterTTL)
+	b.wakePre = b.cfg.prefix + "wake:"
+	b.wake = b.wakePre + b.id
 	return b
 }
 
@@ -132,18 +132,18 @@ func isNil(rdb Client) bool {
 }
 
 // describe returns the address(es) of the servers behind rdb, for error
-// messages ("" if rdb does not tell), and whether rdb bounds socket I/O by
-// context deadlines.
-func describe(rdb Client) (string, bool) {
+// messages ("" if rdb does not tell), whether rdb bounds socket I/O by
+// context deadlines, and its read timeout (0 if unknown or none).
+func describe(rdb Client) (string, bool, time.Duration) {
 	switch c := rdb.(type) {
 	case interface{ Options() *redis.Options }:
 		o := c.Options()
-		return o.Addr, o.ContextTimeoutEnabled
+		return o.Addr, o.ContextTimeoutEnabled, o.ReadTimeout
 	case interface{ Options() *redis.ClusterOptions }:
 		o := c.Options()
-		return strings.Join(o.Addrs, ","), o.ContextTimeoutEnabled
+		return strings.Join(o.Addrs, ","), o.ContextTimeoutEnabled, o.ReadTimeout
 	}
-	return "", false
+	return "", false, 0
 }
 
 var errClosed = fmt.Errorf("redislock: %w", dlock.ErrClosed)
@@ -163,10 +163,26 @@ func (b *Backend) lockName(key string) string {
 
 func fenceName(lock string) string   { return lock + ":fence" }
 func channelName(lock string) string { return lock + ":rel" }
+func queueName(lock string) string   { return lock + ":q" }
+func beatName(lock string) string    { return lock + ":hb" }
+
+// lockKeys returns the four keys the scripts take: the lock hash, the
+// fence counter, the FIFO queue and its heartbeats.
+func lockKeys(lock string) []string {
+	return []string{lock, fenceName(lock), queueName(lock), beatName(lock)}
+}
+
+// claimArg is the claim TTL of a lock handed over to a FIFO waiter.
+func (b *Backend) claimArg() string { return b.claim }
+
+// wakePrefix starts the wake channel of every Backend: the scripts append
+// the Backend id of the waiter they serve.
+func (b *Backend) wakePrefix() string { return b.wakePre }
 
 // LockName returns the Redis key of the hash holding the lock key:
-// PREFIX{KEY}. The fence counter is LockName(key)+":fence" and the release
-// channel LockName(key)+":rel". It returns "" for an invalid key.
+// PREFIX{KEY}. The fence counter is LockName(key)+":fence", the release
+// channel LockName(key)+":rel", the FIFO queue LockName(key)+":q" and its
+// heartbeats LockName(key)+":hb". It returns "" for an invalid key.
 func (b *Backend) LockName(key string) string {
 	if dlock.ValidateKey(key) != nil {
 		return ""
@@ -226,36 +242,54 @@ func reentrantArg(r bool) string {
 // fence is max(last fence + 1, server time in µs), kept in the key's fence
 // counter. When another token holds the lock it returns Grant{OK: false}
 // with HolderTTL set to the holder's remaining TTL (at least 1ms; 0 if the
-// lock has no TTL). A lock or fence key that holds another type of value
-// is an error matching dlock.ErrWrongType naming the key; nothing is
-// changed.
+// lock has no TTL). A free lock with live FIFO waiters (see Wait) is
+// handed to the first of them instead, and the attempt fails like one that
+// found it held: TryAcquire never overtakes the queue. A lock or fence key
+// that holds another type of value is an error matching dlock.ErrWrongType
+// naming the key; nothing is changed. With WithReplicas, a grant that too
+// few replicas acknowledged is released again and the error matches
+// ErrNotReplicated.
 func (b *Backend) TryAcquire(ctx context.Context, r dlock.Request) (dlock.Grant, error) {
 	if err := b.check(ctx, &r, true); err != nil {
 		return dlock.Grant{}, err
 	}
 	lock := b.lockName(r.Key)
-	keys := []string{lock, fenceName(lock)}
-	token, ttl, re := r.Token, ttlArg(r.TTL), reentrantArg(r.Reentrant)
-	run := func(ctx context.Context) (any, error) {
-		return acquireScript.Run(ctx, b.rdb, keys, token, ttl, re).Result()
+	keys := lockKeys(lock)
+	args := []any{r.Token, ttlArg(r.TTL), reentrantArg(r.Reentrant), b.claimArg(), b.wakePrefix()}
+	run := func(ctx context.Context) (reply, error) {
+		return b.eval(ctx, acquireScript, keys, args...)
 	}
-	late := func(v any, err error) {
+	late := func(v reply, err error) {
 		// The caller gave up, but the server granted the lock: give it back.
-		if g, gerr := parseGrant(v, err); gerr == nil && g.OK {
-			ctx, cancel := context.WithTimeout(context.Background(), dlock.DefaultReleaseTimeout)
-			defer cancel()
-			releaseScript.Run(ctx, b.rdb, keys[:1], token, fenceArg(g.Fence), channelName(lock))
+		if g, gerr := parseGrant(v.v, err); gerr == nil && g.OK {
+			b.releaseGrant(r, g.Fence)
 		}
 	}
-	v, err := guard(b, ctx, run, late)
+	v, err := guard(b, ctx, true, run, late)
 	if err != nil {
 		return dlock.Grant{}, b.callErr("acquire", r.Key, err)
 	}
-	g, err := parseGrant(v, nil)
+	g, err := parseGrant(v.v, nil)
 	if err != nil {
 		return dlock.Grant{}, err
 	}
+	if g.OK {
+		if err := b.replicated("acquire", r.Key, v); err != nil {
+			b.releaseGrant(r, g.Fence)
+			return dlock.Grant{}, err
+		}
+	}
 	return g, nil
+}
+
+// releaseGrant gives back one hold that was granted to r.Token with fence
+// but will not be used (the caller gave up, or it was not replicated),
+// with a fresh context bounded by dlock.DefaultReleaseTimeout.
+func (b *Backend) releaseGrant(r dlock.Request, fence uint64) {
+	ctx, cancel := context.WithTimeout(context.Background(), dlock.DefaultReleaseTimeout)
+	defer cancel()
+	lock := b.lockName(r.Key)
+	releaseScript.Run(ctx, b.rdb, lockKeys(lock), r.Token, fenceArg(fence), channelName(lock), b.claimArg(), b.wakePrefix())
 }
 
 func parseGrant(v any, err error) (dlock.Grant, error) {
@@ -309,7 +343,7 @@ func (b *Backend) Refresh(ctx context.Context, r dlock.Request) error {
 	run := func(ctx context.Context) (any, error) {
 		return refreshScript.Run(ctx, b.rdb, keys, args...).Result()
 	}
-	v, err := guard(b, ctx, run, nil)
+	v, err := guard(b, ctx, true, run, nil)
 	if err != nil {
 		return b.callErr("refresh", r.Key, err)
 	}
@@ -334,21 +368,23 @@ func parseRefresh(v any, key string) error {
 }
 
 // Release implements dlock.Backend: one EVALSHA of release.lua, which
-// gives up one hold of r.Token (and r.Fence, when set). When the lock
-// becomes free it is deleted and a message is PUBLISHed on its release
-// channel. When the token does not hold the lock it returns an error
-// matching dlock.ErrNotHeld and changes nothing.
+// gives up one hold of r.Token (and r.Fence, when set). When the last hold
+// is given up, the lock goes to the first live FIFO waiter, with a new
+// fence, reserved for it until it claims it (see Wait); when nobody is
+// queued it is deleted and, if someone found it held meanwhile, a message
+// is PUBLISHed on its release channel. When the token does not hold the
+// lock it returns an error matching dlock.ErrNotHeld and changes nothing.
 func (b *Backend) Release(ctx context.Context, r dlock.Request) error {
 	if err := b.check(ctx, &r, false); err != nil {
 		return err
 	}
 	lock := b.lockName(r.Key)
-	keys := []string{lock}
-	args := []any{r.Token, fenceArg(r.Fence), channelName(lock)}
+	keys := lockKeys(lock)
+	args := []any{r.Token, fenceArg(r.Fence), channelName(lock), b.claimArg(), b.wakePrefix()}
 	run := func(ctx context.Context) (any, error) {
 		return releaseScript.Run(ctx, b.rdb, keys, args...).Result()
 	}
-	v, err := guard(b, ctx, run, nil)
+	v, err := guard(b, ctx, true, run, nil)
 	if err != nil {
 		return b.callErr("release", r.Key, err)
 	}
@@ -428,7 +464,7 @@ func (b *Backend) RefreshMany(ctx context.Context, rs []dlock.Request) []error {
 		}
 		return cmds, nil
 	}
-	cmds, err := guard(b, ctx, run, nil)
+	cmds, err := guard(b, ctx, true, run, nil)
 	for j, i := range idx {
 		switch {
 		case err != nil:
@@ -442,21 +478,23 @@ func (b *Backend) RefreshMany(ctx context.Context, rs []dlock.Request) []error {
 	return errs
 }
 
-// Inspect implements dlock.Inspector: it reads the lock's hash and PTTL in
-// one script, changing nothing. Info.Waiters is -1: waiters are not
-// queued on the server. A lock key holding another type of value is an
-// error matching dlock.ErrWrongType.
+// Inspect implements dlock.Inspector: it reads the lock's hash, PTTL and
+// FIFO queue in one script, changing nothing. Info.Waiters counts the live
+// FIFO waiters (see Wait); waiters that retry (without WithFIFO) are not
+// queued on the server and are not counted. A lock key holding another
+// type of value is an error matching dlock.ErrWrongType.
 func (b *Backend) Inspect(ctx context.Context, key string) (dlock.Info, error) {
 	return b.inspect(ctx, "inspect", key, false)
 }
 
 // ForceRelease implements dlock.ForceReleaser: it deletes the lock
-// whoever holds it, PUBLISHes on its release channel so waiters retry at
-// once, and returns what it removed (Held false when there was nothing).
-// The holder learns at its next renewal (ErrNotHeld, then its lease is
-// lost). The fence counter is kept, so fences keep increasing. A lock key
-// holding another type of value is an error matching dlock.ErrWrongType
-// and is left intact.
+// whoever holds it and returns what it removed (Held false when there was
+// nothing). Like a release, it hands the lock to the first live FIFO
+// waiter, or else PUBLISHes on its release channel so waiters retry at
+// once. The holder learns at its next renewal (ErrNotHeld, then its lease
+// is lost). The fence counter is kept, so fences keep increasing. A lock
+// key holding another type of value is an error matching
+// dlock.ErrWrongType and is left intact.
 func (b *Backend) ForceRelease(ctx context.Context, key string) (dlock.Info, error) {
 	return b.inspect(ctx, "force release", key, true)
 }
@@ -466,33 +504,40 @@ func (b *Backend) inspect(ctx context.Context, op, key string, del bool) (dlock.
 		return dlock.Info{}, err
 	}
 	lock := b.lockName(key)
-	keys := []string{lock}
-	args := []any{reentrantArg(del), channelName(lock)}
+	keys := lockKeys(lock)
+	args := []any{reentrantArg(del), channelName(lock), b.claimArg(), b.wakePrefix()}
 	run := func(ctx context.Context) (any, error) {
 		return inspectScript.Run(ctx, b.rdb, keys, args...).Result()
 	}
-	v, err := guard(b, ctx, run, nil)
+	v, err := guard(b, ctx, true, run, nil)
 	if err != nil {
 		return dlock.Info{}, b.callErr(op, key, err)
 	}
-	info := dlock.Info{Key: key, Waiters: -1}
+	info := dlock.Info{Key: key}
 	a, _ := v.([]any)
 	if len(a) == 0 {
 		return dlock.Info{}, unexpected(op, v)
 	}
 	switch a[0] {
 	case int64(0):
-		return info, nil
+		if len(a) == 2 {
+			if w, ok := a[1].(int64); ok {
+				info.Waiters = int(w)
+				return info, nil
+			}
+		}
 	case int64(-1):
 		return dlock.Info{}, wrongType(a, false)
 	case int64(1):
-		if len(a) == 5 {
+		if len(a) == 6 {
 			owner, ok1 := a[1].(string)
 			count, ok2 := a[2].(int64)
 			fence, ok3 := a[3].(int64)
 			pttl, ok4 := a[4].(int64)
-			if ok1 && ok2 && ok3 && ok4 {
+			waiters, ok5 := a[5].(int64)
+			if ok1 && ok2 && ok3 && ok4 && ok5 {
 				info.Held, info.Owner, info.Count, info.Fence = true, owner, int(count), uint64(max(fence, 0))
+				info.Waiters = int(waiters)
 				if pttl >= 0 {
 					info.TTL = time.Duration(pttl) * time.Millisecond
 				}
@@ -591,8 +636,9 @@ func wrongType(a []any, notHeld bool) error {
 // late, if not nil, is then called on the helper goroutine with fn's
 // eventual result (to undo a grant nobody will use). A context that
 // cannot end (context.Background) costs nothing, nor does one with a
-// deadline when rdb has ContextTimeoutEnabled.
-func guard[T any](b *Backend, ctx context.Context, fn func(context.Context) (T, error), late func(T, error)) (T, error) {
+// deadline when rdb has ContextTimeoutEnabled and direct is set (a call
+// that must always learn its outcome, to undo it, passes false).
+func guard[T any](b *Backend, ctx context.Context, direct bool, fn func(context.Context) (T, error), late func(T, error)) (T, error) {
 	var zero T
 	if ctx.Done() == nil {
 		return fn(ctx)
@@ -600,7 +646,7 @@ func guard[T any](b *Backend, ctx context.Context, fn func(context.Context) (T, 
 	if err := ctx.Err(); err != nil {
 		return zero, err
 	}
-	if b.ctxDeadlines {
+	if direct && b.ctxDeadlines {
 		if _, ok := ctx.Deadline(); ok {
 			return fn(ctx)
 		}

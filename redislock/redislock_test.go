@@ -422,6 +422,24 @@ func TestWrongType(t *testing.T) {
 			t.Fatalf("the set after the call: got %v, want [x]", got)
 		}
 	})
+	t.Run("QueueKey", func(t *testing.T) {
+		r := req(key(t), time.Minute)
+		lock := b.LockName(r.Key)
+		rdb.Set(ctx, lock+":q", "user data", 0)
+		c := newClient(t, rdb)
+		if _, err := c.Acquire(ctx, r.Key, dlock.WithFIFO()); !errors.Is(err, dlock.ErrWrongType) || !strings.Contains(err.Error(), lock+":q") {
+			t.Fatalf("FIFO Acquire with a string as the queue: got %v, want ErrWrongType naming %q", err, lock+":q")
+		}
+		if _, err := b.TryAcquire(ctx, r); !errors.Is(err, dlock.ErrWrongType) {
+			t.Fatalf("TryAcquire with a string as the queue: got %v, want ErrWrongType", err)
+		}
+		if got := rdb.Get(ctx, lock+":q").Val(); got != "user data" {
+			t.Fatalf("the string after the calls: got %q, want it intact", got)
+		}
+		if n := rdb.Exists(ctx, lock).Val(); n != 0 {
+			t.Fatalf("lock created: EXISTS got %d, want 0", n)
+		}
+	})
 	t.Run("ForeignHash", func(t *testing.T) {
 		r := req(key(t), time.Minute)
 		lock := b.LockName(r.Key)
@@ -667,8 +685,8 @@ func TestInspectForceRelease(t *testing.T) {
 	ctx := ctxT(t, 5*time.Second)
 	r := req(key(t), time.Minute)
 	r.Reentrant = true
-	if info, err := b.Inspect(ctx, r.Key); err != nil || info.Held || info.Key != r.Key || info.Waiters != -1 {
-		t.Fatalf("Inspect of a free lock: got %+v, %v, want not held, Waiters -1", info, err)
+	if info, err := b.Inspect(ctx, r.Key); err != nil || info.Held || info.Key != r.Key || info.Waiters != 0 {
+		t.Fatalf("Inspect of a free lock: got %+v, %v, want not held, Waiters 0", info, err)
 	}
 	g := mustGrant(t, b, r)
 	mustGrant(t, b, r)

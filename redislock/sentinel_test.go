@@ -1,19 +1,26 @@
 package redislock_test
 
 import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/dlocktest"
 	"github.com/dlock-go/dlock/internal/testserver"
+	"github.com/dlock-go/dlock/redislock"
 )
 
-// TestSentinel takes locks through a go-redis failover client on a real
-// Sentinel deployment, kills the primary, and takes the lock again on the
-// promoted replica: the fence still increases (it is at least the server
-// time in µs), and waiters are woken by notification on both primaries.
+// TestSentinel runs the backend on a real Sentinel deployment (one
+// primary, one replica, three sentinels) through go-redis' failover
+// client: the conformance suite (with FIFO), WithReplicas refusing an
+// acquisition the paused replica could not acknowledge, and a failover
+// (see sentinelFailover).
 func TestSentinel(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a Sentinel deployment and waits for a failover")
@@ -27,7 +34,7 @@ func TestSentinel(t *testing.T) {
 			t.Error(err)
 		}
 	})
-	failover := func() *redis.Client {
+	newFC := func(t *testing.T) *redis.Client {
 		rdb := redis.NewFailoverClient(&redis.FailoverOptions{
 			MasterName:    s.MasterName(),
 			SentinelAddrs: s.SentinelAddrs(),
@@ -35,8 +42,91 @@ func TestSentinel(t *testing.T) {
 		t.Cleanup(func() { rdb.Close() })
 		return rdb
 	}
-	c := newClient(t, failover(), dlock.WithTTL(2*time.Second))
-	waiter := newClient(t, failover(), dlock.WithWait(dlock.Constant(10*time.Second)))
+	t.Run("Conformance", func(t *testing.T) {
+		dlocktest.Run(t, dlocktest.Harness{
+			NewBackend: func(t *testing.T) dlock.Backend { return redislock.New(newFC(t)) },
+			TTL:        500 * time.Millisecond,
+			FIFO:       true,
+		})
+	})
+	t.Run("Replicas", func(t *testing.T) { sentinelReplicas(t, s, newFC) })
+	t.Run("Failover", func(t *testing.T) { sentinelFailover(t, s, newFC) })
+}
+
+// sentinelReplicas: with WithReplicas(1, 300ms) an acquisition succeeds
+// while the replica is live; with the replica paused (SIGSTOP) WAIT times
+// out, the acquisition fails with ErrNotReplicated and the lock is not
+// left behind; resumed, acquisitions succeed again.
+func sentinelReplicas(t *testing.T, s *testserver.Sentinel, newFC func(*testing.T) *redis.Client) {
+	const wait = 300 * time.Millisecond
+	rdb := newFC(t)
+	b := newBackend(t, rdb)
+	c := dlockClient(t, newFC(t), redislock.WithReplicas(1, wait))
+	ctx := ctxT(t, time.Minute)
+	k := key(t)
+	for _, fifo := range []bool{false, true} {
+		var opts []dlock.Option
+		if fifo {
+			opts = append(opts, dlock.WithFIFO())
+		}
+		l, err := c.Acquire(ctx, k, opts...)
+		if err != nil {
+			t.Fatalf("Acquire (FIFO %v) with a live replica: %v", fifo, err)
+		}
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Replica().Pause(); err != nil {
+		t.Fatal(err)
+	}
+	resumed := false
+	resume := func() {
+		if !resumed {
+			resumed = true
+			if err := s.Replica().Resume(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	defer resume()
+	for _, fifo := range []bool{false, true} {
+		var opts []dlock.Option
+		if fifo {
+			opts = append(opts, dlock.WithFIFO())
+		}
+		start := time.Now()
+		_, err := c.Acquire(ctx, k, opts...)
+		took := time.Since(start)
+		if !errors.Is(err, redislock.ErrNotReplicated) {
+			t.Fatalf("Acquire (FIFO %v) with the replica paused: got %v, want ErrNotReplicated", fifo, err)
+		}
+		t.Logf("replica paused: %v after %v", err, took)
+		if took < wait {
+			t.Fatalf("failed after %v, before the WAIT timeout %v", took, wait)
+		}
+		if n := rdb.Exists(ctx, b.LockName(k)).Val(); n != 0 {
+			t.Fatalf("lock left behind on the primary: EXISTS got %d, want 0", n)
+		}
+	}
+	resume()
+	waitFor(t, 20*time.Second, "acquisitions replicated again", func() bool {
+		l, err := c.TryAcquire(ctx, k)
+		if err != nil {
+			return false
+		}
+		return l.Release(ctx) == nil
+	})
+}
+
+// sentinelFailover takes locks through a go-redis failover client, kills
+// the primary, and takes the lock again on the promoted replica: the fence
+// still increases (it is at least the server time in µs), waiters are
+// woken by notification on both primaries, and FIFO workers that run
+// throughout keep acquiring after the promotion.
+func sentinelFailover(t *testing.T, s *testserver.Sentinel, newFC func(*testing.T) *redis.Client) {
+	c := newClient(t, newFC(t), dlock.WithTTL(2*time.Second))
+	waiter := newClient(t, newFC(t), dlock.WithWait(dlock.Constant(10*time.Second)))
 	ctx := ctxT(t, time.Minute)
 	k := key(t)
 
@@ -92,6 +182,47 @@ func TestSentinel(t *testing.T) {
 	}
 	before := wokenAfterRelease("before the failover")
 
+	// FIFO workers on another key, running through the failover.
+	const workers = 4
+	var (
+		promoted atomic.Bool
+		acquired [workers]atomic.Int64 // acquisitions after the promotion
+		stop     = make(chan struct{})
+		wg       sync.WaitGroup
+	)
+	fk := key(t)
+	for w := 0; w < workers; w++ {
+		wc := newClient(t, newFC(t), dlock.WithTTL(2*time.Second), dlock.WithFIFO())
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+				l, err := wc.Acquire(actx, fk)
+				cancel()
+				if err != nil {
+					continue // the failover: errors until the client finds the new primary
+				}
+				time.Sleep(time.Millisecond)
+				rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+				err = l.Release(rctx)
+				cancel()
+				if err == nil && promoted.Load() {
+					acquired[w].Add(1)
+				}
+			}
+		}()
+	}
+	defer func() {
+		close(stop)
+		wg.Wait()
+	}()
+
 	old, err := s.MasterAddr(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -103,6 +234,17 @@ func TestSentinel(t *testing.T) {
 		addr, err := s.MasterAddr(ctx)
 		return err == nil && addr != old
 	})
+	promoted.Store(true)
+	promotedAt := time.Now()
+	waitFor(t, 30*time.Second, "every FIFO worker acquiring on the new primary", func() bool {
+		for w := range acquired {
+			if acquired[w].Load() < 5 {
+				return false
+			}
+		}
+		return true
+	})
+	t.Logf("all %d FIFO workers acquired 5 times on the new primary within %v of the promotion", workers, time.Since(promotedAt).Round(time.Millisecond))
 	// The failover client finds the new primary by itself.
 	waitFor(t, 30*time.Second, "a lock on the new primary", func() bool {
 		l, err := c.TryAcquire(ctx, k+".probe")

@@ -1,0 +1,203 @@
+package redislock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/dlock-go/dlock"
+)
+
+// Wait implements dlock.Waiter: a server-side FIFO queue for requests
+// with r.FIFO set (dlock.WithFIFO). For other requests it returns
+// errors.ErrUnsupported at once, and the Client waits by retrying, woken
+// by release notifications (Subscribe).
+//
+// The first step (queue.lua) takes the lock if it is free and nobody is
+// queued, and otherwise joins the queue PREFIX{KEY}:q at the tail. From
+// then on the waiter needs no request to be served: the release of the
+// lock's last hold hands it over inside release.lua to the first live
+// waiter, with a new fence, reserved for it for the waiter TTL (field
+// claim), and PUBLISHes the news on that waiter's Backend's wake channel,
+// where the Backend's shared subscription routes it to this waiter alone.
+// The waiter's next step claims the lock (the lease TTL replaces the claim
+// TTL) and Wait returns the grant, with Grant.Since set to the invoke time
+// of that step: three requests per contended acquisition in all (join,
+// claim, release). A reentrant owner that holds the lock already re-enters
+// at once.
+//
+// Meanwhile the waiter's step doubles as its heartbeat, every
+// WithWaiterTTL/4 (100ms by default), and as the bound for a lost
+// message: the heartbeat deadline is server time (TIME in the script) plus
+// the waiter TTL, and a release skips and drops waiters whose deadline has
+// passed. The first waiter also checks when the holder's TTL runs out (an
+// expiry publishes nothing). A waiter whose ctx ends leaves the queue at
+// once (leave.lua, with a fresh context bounded by
+// dlock.DefaultReleaseTimeout); if the lock had just been handed to it, it
+// passes it on to the next waiter. When ctx ends, the error matches
+// ctx.Err(). After Close it returns an error matching dlock.ErrClosed.
+func (b *Backend) Wait(ctx context.Context, r dlock.Request) (dlock.Grant, error) {
+	if !r.FIFO {
+		return dlock.Grant{}, errors.ErrUnsupported
+	}
+	if err := b.check(ctx, &r, true); err != nil {
+		return dlock.Grant{}, err
+	}
+	if err := b.hub.wakeReady(ctx); err != nil {
+		if errors.Is(err, errClosed) {
+			return dlock.Grant{}, errClosed
+		}
+		if ctx.Err() != nil {
+			return dlock.Grant{}, fmt.Errorf("redislock: wait %q: %w", r.Key, ctx.Err())
+		}
+		return dlock.Grant{}, b.callErr("wait: subscribe", r.Key, err)
+	}
+	lock := b.lockName(r.Key)
+	q := &queued{
+		b:      b,
+		r:      r,
+		keys:   lockKeys(lock),
+		member: b.id + r.Token,
+		route:  strconv.Itoa(len(lock)) + ":" + lock + r.Token,
+		seq:    "0",
+	}
+	w := b.hub.route(q.route)
+	defer b.hub.unroute(q.route, w)
+
+	beat := b.cfg.waiterTTL / 4
+	timer := time.NewTimer(beat)
+	defer timer.Stop()
+	for {
+		if b.closed.Load() {
+			q.leave()
+			return dlock.Grant{}, errClosed
+		}
+		g, next, err := q.step(ctx)
+		if err != nil {
+			q.leave()
+			if ctx.Err() != nil {
+				return dlock.Grant{}, fmt.Errorf("redislock: wait %q: %w", r.Key, ctx.Err())
+			}
+			return dlock.Grant{}, err
+		}
+		if g.OK {
+			return g, nil
+		}
+		// Wait for the hand-off message, the next heartbeat, or (first in
+		// line) the holder's expiry, whichever comes first.
+		d := beat
+		if next > 0 {
+			d = min(d, next)
+		}
+		timer.Reset(d)
+		select {
+		case <-ctx.Done():
+			q.leave()
+			return dlock.Grant{}, fmt.Errorf("redislock: wait %q: %w", r.Key, ctx.Err())
+		case <-w.ch:
+		case <-timer.C:
+		}
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+	}
+}
+
+// queued is one waiter of Wait.
+type queued struct {
+	b      *Backend
+	r      dlock.Request
+	keys   []string
+	member string // the queue member: Backend id + token
+	route  string // the wake message payload for this waiter
+	seq    string // the arrival number, "0" before the waiter is queued
+}
+
+// step runs queue.lua once. It returns the grant, or, while queued, how
+// soon the lock may free itself when this waiter is first in line (0 when
+// unknown or not first). A step abandoned by ctx is undone by its own
+// cleanup when its reply comes: a grant is released, a queue entry left.
+func (q *queued) step(ctx context.Context) (dlock.Grant, time.Duration, error) {
+	b, r := q.b, q.r
+	args := []any{r.Token, ttlArg(r.TTL), reentrantArg(r.Reentrant), q.member, q.seq,
+		ttlArg(b.cfg.waiterTTL), b.claimArg(), b.wakePrefix()}
+	run := func(ctx context.Context) (reply, error) {
+		return b.eval(ctx, queueScript, q.keys, args...)
+	}
+	late := func(v reply, err error) {
+		if g, _, _, perr := parseStep(v.v, err); perr == nil && g.OK {
+			b.releaseGrant(r, g.Fence)
+		} else if err == nil {
+			q.leave()
+		}
+	}
+	sent := time.Now()
+	v, err := guard(b, ctx, false, run, late)
+	if err != nil {
+		return dlock.Grant{}, 0, b.callErr("wait", r.Key, err)
+	}
+	g, next, seq, err := parseStep(v.v, nil)
+	if err != nil {
+		return dlock.Grant{}, 0, err
+	}
+	if g.OK {
+		// This step set the lock's TTL (a claim, a re-entry or a grant):
+		// the lease's validity counts from its invoke.
+		g.Since = sent
+		if err := b.replicated("wait", r.Key, v); err != nil {
+			b.releaseGrant(r, g.Fence)
+			return dlock.Grant{}, 0, err
+		}
+		return g, 0, nil
+	}
+	q.seq = seq
+	return g, next, nil
+}
+
+// parseStep reads queue.lua's reply: a grant, or the time until the lock
+// may free itself (when first in line) and the arrival number.
+func parseStep(v any, err error) (dlock.Grant, time.Duration, string, error) {
+	if err != nil {
+		return dlock.Grant{}, 0, "", err
+	}
+	a, ok := v.([]any)
+	if !ok || len(a) == 0 {
+		return dlock.Grant{}, 0, "", unexpected("wait", v)
+	}
+	if a[0] != int64(0) {
+		g, err := parseGrant(v, nil)
+		return g, 0, "", err
+	}
+	if len(a) != 4 {
+		return dlock.Grant{}, 0, "", unexpected("wait", v)
+	}
+	pttl, ok1 := a[1].(int64)
+	seq, ok2 := a[2].(int64)
+	head, ok3 := a[3].(int64)
+	if !ok1 || !ok2 || !ok3 || seq <= 0 {
+		return dlock.Grant{}, 0, "", unexpected("wait", v)
+	}
+	var next time.Duration
+	if head == 1 && pttl >= 0 {
+		// Just past the expiry: PTTL rounds down.
+		next = time.Duration(pttl+1) * time.Millisecond
+	}
+	return dlock.Grant{}, next, strconv.FormatInt(seq, 10), nil
+}
+
+// leave takes the waiter out of the queue (and passes on a lock handed to
+// it but not claimed), with a fresh context bounded by
+// dlock.DefaultReleaseTimeout. It runs even after Close: the go-redis
+// client is the caller's and still open.
+func (q *queued) leave() {
+	ctx, cancel := context.WithTimeout(context.Background(), dlock.DefaultReleaseTimeout)
+	defer cancel()
+	b := q.b
+	lock := q.keys[0]
+	leaveScript.Run(ctx, b.rdb, q.keys, q.r.Token, q.member, channelName(lock), b.claimArg(), b.wakePrefix())
+}

@@ -1,0 +1,133 @@
+-- lib.lua: functions shared by the scripts. The Backend puts this file in
+-- front of every script that uses it (scripts.go), so each script stays one
+-- EVALSHA.
+--
+-- Keys of one lock (all share the hash tag {KEY}, see doc.go):
+--   lock     PREFIX{KEY}        hash {owner, count, fence[, wait][, claim]}
+--   counter  PREFIX{KEY}:fence  the last fence issued
+--   q        PREFIX{KEY}:q      FIFO queue: sorted set, member = the
+--                               waiter's Backend id (IDLEN bytes) .. token,
+--                               score = arrival number
+--   hb       PREFIX{KEY}:hb     heartbeats: sorted set, same members,
+--                               score = deadline in server milliseconds
+-- A lock handed to a waiter by a release carries the field claim until the
+-- waiter claims it (queue.lua); meanwhile its TTL is the short claim TTL.
+
+local IDLEN = 26
+
+-- now returns the server time in µs and in ms.
+local function now()
+  local t = redis.call('TIME')
+  local s, us = tonumber(t[1]), tonumber(t[2])
+  return s * 1000000 + us, s * 1000 + math.floor(us / 1000)
+end
+
+-- fmt formats an integral number exactly (tostring would use %.14g).
+local function fmt(n)
+  return string.format('%.0f', n)
+end
+
+-- wrong is the reply for a key that holds a value of another type.
+local function wrong(key)
+  return {-1, key, redis.call('TYPE', key)['ok']}
+end
+
+-- new_fence issues the next fence of a lock: max(last + 1, server time in
+-- µs), stored in the counter. Returns the fence, or nil and a wrong-type
+-- reply (nothing changed).
+local function new_fence(counter, now_us)
+  local fence = now_us
+  local last = redis.pcall('SET', counter, fmt(fence), 'GET')
+  if type(last) == 'table' and last['err'] then
+    return nil, wrong(counter)
+  end
+  last = tonumber(last)
+  if last and last >= fence then
+    fence = last + 1
+    redis.call('SET', counter, fmt(fence))
+  end
+  return fence
+end
+
+-- check_queue returns a wrong-type reply when q or hb hold a value of
+-- another type, else nil.
+local function check_queue(q, hb)
+  for _, k in ipairs({q, hb}) do
+    local t = redis.call('TYPE', k)['ok']
+    if t ~= 'none' and t ~= 'zset' then
+      return wrong(k)
+    end
+  end
+  return nil
+end
+
+-- hand_off serves the first live waiter of a free lock: dead waiters (whose
+-- heartbeat deadline has passed) ahead of it are dropped. If that waiter is
+-- self (a member), the lock is granted to it outright (count 1, TTL ttl);
+-- otherwise it is reserved for it (owner = its token, field claim, TTL
+-- claim ms) and its Backend is told on wake .. id, with the payload
+-- "#lock:lock .. token". The served waiter leaves the queue.
+-- Returns the member served and its fence; nil when nobody waits; or nil,
+-- nil and a wrong-type reply (nothing changed).
+local function hand_off(lock, counter, q, hb, self, ttl, claim, wake, now_us, now_ms)
+  local dead = redis.pcall('ZRANGEBYSCORE', hb, '-inf', '(' .. fmt(now_ms), 'LIMIT', 0, 64)
+  if dead['err'] then
+    return nil, nil, wrong(hb)
+  end
+  local n = redis.pcall('ZCARD', q)
+  if type(n) == 'table' and n['err'] then
+    return nil, nil, wrong(q)
+  end
+  local t = redis.call('TYPE', counter)['ok']
+  if t ~= 'none' and t ~= 'string' then
+    return nil, nil, wrong(counter)
+  end
+  if #dead > 0 then
+    redis.call('ZREM', q, unpack(dead))
+    redis.call('ZREM', hb, unpack(dead))
+  end
+  while true do
+    local head = redis.call('ZRANGE', q, 0, 0)[1]
+    if not head then
+      return nil
+    end
+    local d = tonumber(redis.call('ZSCORE', hb, head))
+    redis.call('ZREM', q, head)
+    redis.call('ZREM', hb, head)
+    if d and d >= now_ms then
+      local fence = new_fence(counter, now_us)
+      local token = string.sub(head, IDLEN + 1)
+      if head == self then
+        redis.call('HSET', lock, 'owner', token, 'count', 1, 'fence', fmt(fence))
+        redis.call('HDEL', lock, 'claim')
+        redis.call('PEXPIRE', lock, ttl)
+      else
+        redis.call('HSET', lock, 'owner', token, 'count', 1, 'fence', fmt(fence), 'claim', 1)
+        redis.call('PEXPIRE', lock, claim)
+        redis.call('PUBLISH', wake .. string.sub(head, 1, IDLEN), #lock .. ':' .. lock .. token)
+      end
+      return head, fence
+    end
+  end
+end
+
+-- free_lock frees a lock whose last hold was given up: it goes to the first
+-- live FIFO waiter, or else is deleted, with a PUBLISH on rel when an
+-- attempt found it held (waited). Returns 1, or a wrong-type reply.
+local function free_lock(lock, counter, q, hb, claim, wake, rel, waited)
+  if redis.call('EXISTS', q) == 1 then
+    local now_us, now_ms = now()
+    local head, _, err = hand_off(lock, counter, q, hb, nil, 0, claim, wake, now_us, now_ms)
+    if err then
+      return err
+    end
+    if head then
+      return 1
+    end
+  end
+  redis.call('DEL', lock)
+  if waited then
+    redis.call('PUBLISH', rel, '')
+  end
+  return 1
+end
