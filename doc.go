@@ -53,8 +53,9 @@
 //
 //	backend            package     fence                      waiting                  lost when
 //	in-process         memlock     Store counter              notify, FIFO queue       TTL runs out unrenewed
-//	Redis (1 node,     redislock   max(counter+1, TIME µs)    pub/sub notify           renewal finds another owner,
-//	 Sentinel, Cluster)                                                                 or no renewal until Expires
+//	Redis (1 node,     redislock   max(counter+1, TIME µs)    pub/sub notify;          renewal finds another owner,
+//	 Sentinel, Cluster)                                       WithFIFO: queue with     or no renewal until Expires
+//	                                                          server-side hand-off
 //	Redlock (N nodes)  redlock     max over quorum, written   pub/sub on every node    no quorum renewal until Expires
 //	                               back to a majority
 //	etcd               etcdlock    create revision            FIFO, watch predecessor  lease expired/revoked, key deleted

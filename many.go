@@ -29,7 +29,8 @@ type MultiAcquirer interface {
 // taken so far is released (with a fresh context bounded by the release
 // timeout) and the error of the key that failed is returned. The leases
 // are returned in the order of keys, each with its own fence; release
-// each of them. No keys, an invalid key or a key given twice is an
+// each of them. WithFIFO applies to keys taken one by one; a group taken
+// in one step waits by retrying on notifications. No keys, an invalid key or a key given twice is an
 // ErrInvalidKey error.
 func (c *Client) AcquireMany(ctx context.Context, keys []string, opts ...Option) ([]*Lease, error) {
 	if c == nil {
