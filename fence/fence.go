@@ -11,7 +11,8 @@
 // changes nothing.
 //
 //   - Guard: in-process, for resources a single process owns.
-//   - Redis: an atomic check-and-set script for values kept in Redis.
+//   - Redis: atomic check-and-set (Set) and check-and-read (Claim) scripts
+//     for values kept in Redis; a read-modify-write claims on read.
 //   - SQLPredicate: a WHERE clause fragment for SQL rows with a fence column.
 package fence
 

@@ -15,6 +15,11 @@ var setLua string
 
 var setScript = redis.NewScript(setLua)
 
+//go:embed claim.lua
+var claimLua string
+
+var claimScript = redis.NewScript(claimLua)
+
 // Redis stores fenced values in Redis: each value is a hash holding the
 // value, the highest fence accepted and its owner, updated by one script
 // so the check and the write are atomic on the server.
@@ -66,4 +71,28 @@ func (r *Redis) Get(ctx context.Context, key string) (value string, fence uint64
 		return "", 0, fmt.Errorf("dlock: fence: get %q: malformed fence %q", key, fs)
 	}
 	return value, fence, nil
+}
+
+// Claim reads the value under key and, in the same atomic step, records
+// fence by owner as the highest accepted (the package rule applies), so
+// that a holder with an older fence can no longer Set it. Use it for the
+// read of a read-modify-write: a fence checked only on the write does not
+// protect one, because the old holder could write between the new
+// holder's read and its write. A rejected claim returns a *StaleError and
+// changes nothing; a missing key reads as "".
+func (r *Redis) Claim(ctx context.Context, key string, fence uint64, owner string) (string, error) {
+	res, err := claimScript.Run(ctx, r.rdb, []string{key}, strconv.FormatUint(fence, 10), owner).Slice()
+	if err != nil {
+		return "", fmt.Errorf("dlock: fence: claim %q: %w", key, err)
+	}
+	if len(res) != 2 {
+		return "", fmt.Errorf("dlock: fence: claim %q: unexpected reply %v", key, res)
+	}
+	if ok, _ := res[0].(int64); ok != 1 {
+		hs, _ := res[1].(string)
+		highest, _ := strconv.ParseUint(hs, 10, 64)
+		return "", &StaleError{Resource: key, Fence: fence, Highest: highest}
+	}
+	v, _ := res[1].(string)
+	return v, nil
 }

@@ -39,6 +39,7 @@ func TestRedisRule(t *testing.T) {
 	ctx := context.Background()
 	s := fence.NewRedis(rdb)
 	key := "fence:" + t.Name()
+	rdb.Del(ctx, key)
 	steps := []struct {
 		value string
 		fence uint64
@@ -74,6 +75,7 @@ func TestRedisRule(t *testing.T) {
 func TestRedisWrongType(t *testing.T) {
 	ctx := context.Background()
 	key := "fence:" + t.Name()
+	rdb.Del(ctx, key)
 	rdb.RPush(ctx, key, "user data")
 	err := fence.NewRedis(rdb).Set(ctx, key, "v", 1, "a")
 	if err == nil {
@@ -81,5 +83,31 @@ func TestRedisWrongType(t *testing.T) {
 	}
 	if n, _ := rdb.LLen(ctx, key).Result(); n != 1 {
 		t.Fatalf("list length after the failed Set: got %d, want 1", n)
+	}
+}
+
+func TestRedisClaim(t *testing.T) {
+	ctx := context.Background()
+	s := fence.NewRedis(rdb)
+	key := "fence:" + t.Name()
+	rdb.Del(ctx, key)
+	if v, err := s.Claim(ctx, key, 5, "a"); err != nil || v != "" {
+		t.Fatalf("Claim of a missing key: got %q, %v", v, err)
+	}
+	if err := s.Set(ctx, key, "10", 5, "a"); err != nil {
+		t.Fatal(err)
+	}
+	// B claims with a newer fence: A's pending write is now refused.
+	if v, err := s.Claim(ctx, key, 6, "b"); err != nil || v != "10" {
+		t.Fatalf("Claim with a newer fence: got %q, %v; want \"10\"", v, err)
+	}
+	if err := s.Set(ctx, key, "11", 5, "a"); !errors.Is(err, fence.ErrStale) {
+		t.Fatalf("old holder's write after a newer claim: got %v, want ErrStale", err)
+	}
+	if _, err := s.Claim(ctx, key, 5, "a"); !errors.Is(err, fence.ErrStale) {
+		t.Fatalf("old holder's claim: got %v, want ErrStale", err)
+	}
+	if err := s.Set(ctx, key, "11", 6, "b"); err != nil {
+		t.Fatalf("new holder's write: %v", err)
 	}
 }

@@ -1,0 +1,354 @@
+package verify_test
+
+import (
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock/verify"
+)
+
+const ms = int64(time.Millisecond)
+
+const ttl = 400 * time.Millisecond
+
+// Synthetic histories, times in milliseconds of the shared clock.
+
+func spawn(proc string, worker int) verify.Event {
+	return verify.Event{Proc: "coordinator", Op: verify.OpSpawn, Target: proc, Worker: worker, Outcome: verify.OutcomeOK}
+}
+
+func grant(proc, owner string, fence uint64, inv, comp, expires int64) verify.Event {
+	return verify.Event{Proc: proc, Op: verify.OpAcquire, Key: "k", InvokeNs: inv * ms, CompleteNs: comp * ms,
+		Outcome: verify.OutcomeOK, Fence: fence, Owner: owner, ExpiresNs: expires * ms}
+}
+
+func renew(proc, owner string, fence uint64, at, expires int64) verify.Event {
+	return verify.Event{Proc: proc, Op: verify.OpRenew, Key: "k", InvokeNs: at * ms, CompleteNs: at * ms,
+		Outcome: verify.OutcomeOK, Fence: fence, Owner: owner, ExpiresNs: expires * ms}
+}
+
+func release(proc, owner string, fence uint64, inv, comp int64) verify.Event {
+	return verify.Event{Proc: proc, Op: verify.OpRelease, Key: "k", InvokeNs: inv * ms, CompleteNs: comp * ms,
+		Outcome: verify.OutcomeOK, Fence: fence, Owner: owner}
+}
+
+var seq int64
+
+func rw(proc, op, res, outcome, owner string, fence uint64, value, inv, comp int64) verify.Event {
+	seq++
+	return verify.Event{Proc: proc, Seq: seq, Op: op, Key: res, InvokeNs: inv * ms, CompleteNs: comp * ms,
+		Outcome: outcome, Fence: fence, Owner: owner, Value: value}
+}
+
+func final(res string, value, increments int64) verify.Event {
+	return verify.Event{Proc: "coordinator", Op: verify.OpFinal, Key: res, Outcome: verify.OutcomeOK, Value: value, Count: increments}
+}
+
+func check(t *testing.T, evs []verify.Event, faults ...string) *verify.Findings {
+	t.Helper()
+	f, err := verify.Check(verify.PairEvents(evs), verify.CheckOptions{TTL: ttl, Faults: faults})
+	if err != nil {
+		t.Fatalf("Check: %v", err)
+	}
+	return f
+}
+
+func TestCheckLeaseOverlap(t *testing.T) {
+	tests := []struct {
+		name string
+		evs  []verify.Event
+		want int
+	}{
+		{"grant while the lease was live", []verify.Event{
+			grant("w1.0", "A", 10, 0, 10, 400),
+			grant("w2.0", "B", 11, 100, 200, 600),
+		}, 1},
+		{"grant after expiry", []verify.Event{
+			grant("w1.0", "A", 10, 0, 10, 400),
+			grant("w2.0", "B", 11, 100, 450, 850),
+		}, 0},
+		{"grant after release", []verify.Event{
+			grant("w1.0", "A", 10, 0, 10, 400),
+			release("w1.0", "A", 10, 150, 151),
+			grant("w2.0", "B", 11, 100, 200, 600),
+		}, 0},
+		{"grant while a renewal kept the lease live", []verify.Event{
+			grant("w1.0", "A", 10, 0, 10, 400),
+			renew("w1.0", "A", 10, 300, 700),
+			grant("w2.0", "B", 11, 100, 500, 900),
+		}, 1},
+		{"grant racing a release", []verify.Event{
+			// B completes after A's release was invoked: the release may
+			// have been executed first.
+			grant("w1.0", "A", 10, 0, 10, 400),
+			release("w1.0", "A", 10, 150, 170),
+			grant("w2.0", "B", 11, 100, 160, 560),
+		}, 0},
+		{"same owner", []verify.Event{
+			grant("w1.0", "A", 10, 0, 10, 400),
+			grant("w1.0", "A", 10, 20, 30, 430),
+		}, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := check(t, tt.evs)
+			if got := len(f.LeaseOverlaps); got != tt.want {
+				t.Fatalf("got %d lease overlaps, want %d: %+v", got, tt.want, f.LeaseOverlaps)
+			}
+			if tt.want > 0 {
+				if got := f.Verdict(); got != "FAIL" {
+					t.Errorf("got verdict %s, want FAIL", got)
+				}
+				if v := f.Violations(); len(v) == 0 || !strings.Contains(v[0], "lease overlap") {
+					t.Errorf("got violations %q, want a lease overlap", v)
+				}
+			}
+		})
+	}
+}
+
+func TestCheckFenceOrder(t *testing.T) {
+	tests := []struct {
+		name string
+		evs  []verify.Event
+		want int
+	}{
+		{"increasing", []verify.Event{
+			grant("w1.0", "A", 10, 0, 10, 400), release("w1.0", "A", 10, 50, 51),
+			grant("w2.0", "B", 11, 60, 70, 470),
+		}, 0},
+		{"smaller after", []verify.Event{
+			grant("w1.0", "A", 10, 0, 10, 400), release("w1.0", "A", 10, 50, 51),
+			grant("w2.0", "B", 9, 60, 70, 470),
+		}, 1},
+		{"equal from another owner", []verify.Event{
+			grant("w1.0", "A", 10, 0, 10, 400), release("w1.0", "A", 10, 50, 51),
+			grant("w2.0", "B", 10, 60, 70, 470),
+		}, 1},
+		{"equal from the same owner (reentrant)", []verify.Event{
+			grant("w1.0", "A", 10, 0, 10, 400),
+			grant("w1.0", "A", 10, 60, 70, 470),
+		}, 0},
+		{"concurrent grants are not ordered", []verify.Event{
+			grant("w1.0", "A", 10, 0, 100, 400), release("w1.0", "A", 10, 150, 151),
+			grant("w2.0", "B", 9, 50, 200, 600),
+		}, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := check(t, tt.evs)
+			if got := len(f.FenceRegressions); got != tt.want {
+				t.Fatalf("got %d fence regressions, want %d: %+v", got, tt.want, f.FenceRegressions)
+			}
+			if tt.want > 0 && f.Verdict() != "FAIL" {
+				t.Errorf("got verdict %s, want FAIL", f.Verdict())
+			}
+		})
+	}
+}
+
+// A paused holder A (fence 10) writes after B (fence 11) read and wrote.
+func pausedHolder(res, lateWrite string) []verify.Event {
+	evs := []verify.Event{
+		grant("w1.0", "A", 10, 0, 10, 400),
+		rw("w1.0", verify.OpRead, res, verify.OutcomeOK, "A", 10, 0, 20, 21),
+		grant("w2.0", "B", 11, 30, 500, 900),
+		rw("w2.0", verify.OpRead, res, verify.OutcomeOK, "B", 11, 0, 510, 511),
+		rw("w2.0", verify.OpWrite, res, verify.OutcomeOK, "B", 11, 1, 560, 561),
+		release("w2.0", "B", 11, 570, 571),
+		rw("w1.0", verify.OpWrite, res, lateWrite, "A", 10, 1, 900, 901),
+		release("w1.0", "A", 10, 910, 911),
+	}
+	switch {
+	case lateWrite == verify.OutcomeOK:
+		evs = append(evs, final(res, 1, 2))
+	default:
+		evs = append(evs, final(res, 1, 1))
+	}
+	return evs
+}
+
+func TestCheckResource(t *testing.T) {
+	t.Run("naive register loses the update", func(t *testing.T) {
+		f := check(t, pausedHolder(verify.ResourceNaive, verify.OutcomeOK))
+		n := f.Naive
+		if n == nil || n.LostUpdates != 1 || n.StaleAccepted != 1 || n.Linearizable != "Illegal" {
+			t.Fatalf("got %+v, want 1 lost update, 1 stale write accepted, Illegal", n)
+		}
+		if f.BeliefOverlaps != 2 {
+			t.Errorf("got %d belief overlaps, want 2", f.BeliefOverlaps)
+		}
+		// The naive register is the negative control: not a violation.
+		if got := f.Verdict(); got != "PASS" {
+			t.Errorf("got verdict %s (%q), want PASS", got, f.Violations())
+		}
+	})
+	t.Run("fenced register rejects the stale write", func(t *testing.T) {
+		f := check(t, pausedHolder(verify.ResourceFenced, verify.OutcomeStale))
+		n := f.Fenced
+		if n == nil || n.LostUpdates != 0 || n.StaleAccepted != 0 || n.WritesStale != 1 || n.Linearizable != "Ok" {
+			t.Fatalf("got %+v, want no loss, 1 stale write rejected, Ok", n)
+		}
+		if got := f.Verdict(); got != "PASS" {
+			t.Errorf("got verdict %s (%q), want PASS", got, f.Violations())
+		}
+	})
+	t.Run("fenced register that accepts the stale write", func(t *testing.T) {
+		f := check(t, pausedHolder(verify.ResourceFenced, verify.OutcomeOK))
+		n := f.Fenced
+		if n == nil || n.LostUpdates != 1 || n.StaleAccepted != 1 || n.Linearizable != "Illegal" {
+			t.Fatalf("got %+v, want 1 lost update, 1 stale write accepted, Illegal", n)
+		}
+		if got := f.Verdict(); got != "FAIL" {
+			t.Errorf("got verdict %s, want FAIL", got)
+		}
+	})
+	t.Run("fenced register that accepts a claim it should refuse", func(t *testing.T) {
+		evs := pausedHolder(verify.ResourceFenced, verify.OutcomeStale)
+		// A second claim by A after B's: the register must refuse it.
+		evs = append(evs, rw("w1.0", verify.OpRead, verify.ResourceFenced, verify.OutcomeOK, "A", 10, 1, 905, 906))
+		f := check(t, evs)
+		if got := f.Fenced.Linearizable; got != "Illegal" {
+			t.Errorf("got %s, want Illegal", got)
+		}
+	})
+	t.Run("unknown write of a killed process", func(t *testing.T) {
+		evs := []verify.Event{
+			spawn("w1.0", 1), spawn("w2.0", 2),
+			grant("w1.0", "A", 10, 0, 10, 400),
+			rw("w1.0", verify.OpRead, verify.ResourceNaive, verify.OutcomeOK, "A", 10, 0, 20, 21),
+			rw("w1.0", verify.OpWrite, verify.ResourceNaive, verify.OutcomeInvoke, "A", 10, 1, 30, 0),
+			{Proc: "coordinator", Op: verify.OpExit, Target: "w1.0", InvokeNs: 31 * ms, CompleteNs: 31 * ms, Outcome: verify.OutcomeOK},
+			grant("w2.0", "B", 11, 40, 450, 850),
+			rw("w2.0", verify.OpRead, verify.ResourceNaive, verify.OutcomeOK, "B", 11, 1, 460, 461),
+			rw("w2.0", verify.OpWrite, verify.ResourceNaive, verify.OutcomeOK, "B", 11, 2, 470, 471),
+			final(verify.ResourceNaive, 2, 1),
+		}
+		f := check(t, evs)
+		if got := f.Naive.Linearizable; got != "Ok" {
+			t.Errorf("got %s, want Ok: the killed write may have happened", got)
+		}
+		if got := f.Naive.WritesUnknown; got != 1 {
+			t.Errorf("got %d unknown writes, want 1", got)
+		}
+	})
+}
+
+func TestCheckValidity(t *testing.T) {
+	base := []verify.Event{
+		spawn("w1.0", 1), spawn("w2.0", 2),
+		grant("w1.0", "A", 10, 0, 10, 400),
+		release("w1.0", "A", 10, 100, 101),
+		grant("w2.0", "B", 11, 200, 210, 610),
+		release("w2.0", "B", 11, 300, 301),
+	}
+	quiet := func(evs []verify.Event, workers ...int) []verify.Event {
+		for i, w := range workers {
+			g := grant("w"+string(rune('0'+w))+".0", "Q"+string(rune('0'+w)), uint64(20+i), 1000+int64(i)*100, 1010+int64(i)*100, 1400+int64(i)*100)
+			g.Phase = "quiet"
+			evs = append(evs, g, release(g.Proc, g.Owner, g.Fence, 1050+int64(i)*100, 1051+int64(i)*100))
+		}
+		return evs
+	}
+	pause := func(owner string, start, end int64) verify.Event {
+		return verify.Event{Proc: "nemesis", Op: verify.FaultPause, Target: "w1.0", Owner: owner, InvokeNs: start * ms, CompleteNs: end * ms, Outcome: verify.OutcomeOK}
+	}
+
+	t.Run("clean", func(t *testing.T) {
+		f := check(t, quiet(slices.Clone(base), 1, 2))
+		if got := f.Verdict(); got != "PASS" {
+			t.Errorf("got %s (%q %q), want PASS", got, f.Violations(), f.Invalid)
+		}
+	})
+	t.Run("worker without a quiet grant", func(t *testing.T) {
+		f := check(t, quiet(slices.Clone(base), 1))
+		if !slices.Equal(f.QuietMissing, []int{2}) || f.Verdict() != "FAIL" {
+			t.Errorf("got quiet missing %v, verdict %s; want [2], FAIL", f.QuietMissing, f.Verdict())
+		}
+	})
+	t.Run("fault never injected", func(t *testing.T) {
+		f := check(t, quiet(slices.Clone(base), 1, 2), verify.FaultPause)
+		if f.Verdict() != "INVALID" || !strings.Contains(strings.Join(f.Invalid, ";"), "never injected") {
+			t.Errorf("got %s %q, want INVALID: never injected", f.Verdict(), f.Invalid)
+		}
+	})
+	t.Run("pause without a holder", func(t *testing.T) {
+		evs := append(quiet(slices.Clone(base), 1, 2), pause("", 500, 900))
+		f := check(t, evs, verify.FaultPause)
+		if f.Verdict() != "INVALID" || !strings.Contains(strings.Join(f.Invalid, ";"), "never had an effect") {
+			t.Errorf("got %s %q, want INVALID: never had an effect", f.Verdict(), f.Invalid)
+		}
+	})
+	t.Run("pause with a takeover", func(t *testing.T) {
+		evs := append(quiet(slices.Clone(base), 1, 2), pause("A", 50, 250))
+		f := check(t, evs, verify.FaultPause)
+		if len(f.Faults) != 1 || !f.Faults[0].Effective {
+			t.Fatalf("got faults %+v, want one effective pause", f.Faults)
+		}
+		if !slices.Equal(f.Liveness, []time.Duration{160 * time.Millisecond}) {
+			t.Errorf("got liveness %v, want [160ms]", f.Liveness)
+		}
+		// No naive register in this history: the negative-control rule
+		// does not apply.
+		if got := f.Verdict(); got != "PASS" {
+			t.Errorf("got %s (%q %q), want PASS", got, f.Violations(), f.Invalid)
+		}
+	})
+	t.Run("negative control saw nothing", func(t *testing.T) {
+		evs := append(quiet(slices.Clone(base), 1, 2), pause("A", 50, 250),
+			rw("w2.0", verify.OpRead, verify.ResourceNaive, verify.OutcomeOK, "B", 11, 0, 220, 221),
+			rw("w2.0", verify.OpWrite, verify.ResourceNaive, verify.OutcomeOK, "B", 11, 1, 230, 231),
+			final(verify.ResourceNaive, 1, 1))
+		f := check(t, evs, verify.FaultPause)
+		if f.Verdict() != "INVALID" || !strings.Contains(strings.Join(f.Invalid, ";"), "negative control") {
+			t.Errorf("got %s %q, want INVALID: negative control", f.Verdict(), f.Invalid)
+		}
+	})
+}
+
+func TestPairEvents(t *testing.T) {
+	evs := verify.PairEvents([]verify.Event{
+		{Proc: "w1.0", Seq: 1, Op: verify.OpWrite, InvokeNs: 10, Outcome: verify.OutcomeInvoke},
+		{Proc: "w1.0", Seq: 2, Op: verify.OpRead, InvokeNs: 5, Outcome: verify.OutcomeInvoke},
+		{Proc: "w1.0", Seq: 2, Op: verify.OpRead, InvokeNs: 5, CompleteNs: 8, Outcome: verify.OutcomeOK, Value: 3},
+		{Proc: "coordinator", Op: verify.OpExit, Target: "w1.0", InvokeNs: 20, CompleteNs: 20},
+		{Proc: "w2.0", Seq: 1, Op: verify.OpWrite, InvokeNs: 30, Outcome: verify.OutcomeInvoke},
+	})
+	if len(evs) != 4 {
+		t.Fatalf("got %d events, want 4: %+v", len(evs), evs)
+	}
+	if e := evs[0]; e.Op != verify.OpRead || e.Outcome != verify.OutcomeOK || e.CompleteNs != 8 || e.Value != 3 {
+		t.Errorf("got %+v, want the paired read", e)
+	}
+	if e := evs[1]; e.Op != verify.OpWrite || e.Outcome != verify.OutcomeInfo || e.CompleteNs != 20 {
+		t.Errorf("got %+v, want the write as info, completed at the exit (20)", e)
+	}
+	if e := evs[3]; e.Outcome != verify.OutcomeInfo || e.CompleteNs != math.MaxInt64 {
+		t.Errorf("got %+v, want the write as info, never completed", e)
+	}
+}
+
+func TestReadHistory(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := verify.ReadHistory(dir); err == nil {
+		t.Errorf("empty directory: got no error, want one")
+	}
+	if err := os.WriteFile(filepath.Join(dir, "w1.0.jsonl"), []byte(`{"proc":"w1.0","op":"acquire","invokeNs":1,"completeNs":2,"outcome":"ok","fence":5,"owner":"A"}`+"\n\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	evs, err := verify.ReadHistory(dir)
+	if err != nil || len(evs) != 1 || evs[0].Fence != 5 {
+		t.Fatalf("got %+v, %v; want one acquire with fence 5", evs, err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "w2.0.jsonl"), []byte("{not json\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := verify.ReadHistory(dir); err == nil || !strings.Contains(err.Error(), "w2.0.jsonl:1") {
+		t.Errorf("got %v, want an error naming w2.0.jsonl:1", err)
+	}
+}

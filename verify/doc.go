@@ -1,0 +1,85 @@
+// Package verify is a Jepsen-style harness that measures what a dlock
+// backend guarantees under faults. It backs the command `dlock verify`.
+//
+// No lease-based lock can promise mutual exclusion by itself: a holder that
+// stops (GC pause, SIGSTOP, a slow disk) past its TTL still believes it
+// holds the lock while the server grants it to someone else. What a lock
+// can promise, and what this package measures, is narrower:
+//
+//   - lease overlap: the server never grants a lock while another owner's
+//     lease is certainly live on it;
+//   - fence order: a grant that begins after another completed gets a
+//     larger fence;
+//   - resource safety: a resource that checks fences accepts no stale
+//     write and loses no update;
+//   - liveness: after a holder dies or stops, someone else gets the lock
+//     within about a TTL, and every worker gets it once more when the
+//     faults stop.
+//
+// # How a run works
+//
+// Run (the coordinator) starts, for every run, a "resource" redis-server
+// (never faulted) and, when the backend URL's host is "local", the lock
+// server(s) too (internal/testserver). It starts Config.Workers worker
+// processes by re-executing the program (Config.Exe, which must end up in
+// WorkerMain), so that stopping a worker stops its lease watchdog too.
+// Each worker loops: acquire the lock (dlock.Client, auto-renewed) → read
+// a register → spend TTL/10–TTL/4 → write the register plus one → release.
+// Two registers: the fenced one (the read claims the lease's fence with a
+// script in package fence's layout, the write is fence.Redis.Set), and the
+// naive one (plain GET and SET), the negative control. A fence checked only
+// on the write would not protect a read-modify-write — the old holder could
+// write between the new holder's read and write — so the read claims the
+// fence too.
+//
+// Every process writes its history as JSON lines (Event) stamped with
+// CLOCK_MONOTONIC, which all processes on the machine share; the fault
+// injector ("nemesis") logs its windows. Workers also report their progress
+// on standard output ("acq FENCE OWNER", "read", "wrote", "rel"), which is
+// how the injector finds the current holder.
+//
+// # Faults
+//
+// See the Fault constants. The schedule — gaps of 1–2 × TTL, the kind of
+// each fault and its parameters — is drawn from Config.Seed and replays
+// exactly; which process a fault hits depends on who holds the lock then.
+// A pause aims at a holder between its read and its write (waiting up to
+// 2 × TTL for one), the window in which a stopped holder turns stale. The
+// proxy fault routes the workers through an in-process TCP proxy on
+// loopback. restart, restart-persist and server-pause need a local server
+// ("redis://local", "redlock://local", "etcd://local", "zk://local").
+//
+// # Checks
+//
+// Check turns a history into Findings: (a) lease overlaps, where a lease is
+// certainly live from the completion of its Acquire until the conservative
+// expiry of its last successful renewal (dlock.Lease.Expires: invocation
+// + TTL − drift) or the invocation of its release — a conservative
+// interval, so a reported overlap is certain and the count is a lower bound
+// (a release that failed on the network still ends the interval); (b)
+// fence regressions;
+// (c) per register, stale writes accepted (a write whose fence is below one
+// that had already read or written the register), stale writes rejected,
+// and lost updates (acknowledged increments in the register's log minus
+// its final value), plus porcupine's linearizability check of the
+// read-modify-writes as atomic increments, with an HTML timeline (fault
+// windows and leases drawn in) written next to the history; (d) belief
+// overlap, critical sections of different owners overlapping in time as
+// the workers saw them (expected under pauses); (e) liveness, from each
+// effective fault to the next grant to another owner, and a quiet phase in
+// which every worker must acquire once.
+//
+// A run FAILs on a lease overlap, a fence regression, a stale write
+// accepted or an update lost by the fenced register, a non-linearizable
+// fenced history, a worker without a quiet-phase grant or a crashed
+// worker. It is INVALID — not passed — when a requested fault never had its
+// effect (a pause that never caught a holder, a restart no worker noticed)
+// or when, under pauses, the naive register showed no violation at all.
+//
+// # Backends
+//
+// The harness needs a backend that several processes can share: a server.
+// memlock lives in one process; with Config.InProcess the workers are
+// goroutines sharing one Client, without faults. The OpenFunc keeps this
+// package independent of the backends: the program maps URLs to backends.
+package verify

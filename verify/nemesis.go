@@ -1,0 +1,296 @@
+package verify
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"time"
+)
+
+// The fault schedule: after a gap of 1–2 × TTL, a fault drawn from the
+// experiment's kinds with its parameters; then the next gap once the
+// window has ended. All draws come from one generator seeded with the
+// run's seed, in a fixed order, so a seed always gives the same sequence
+// of gaps, kinds and parameters. Which process is hit depends on who holds
+// the lock at that moment.
+
+// plan is one drawn fault.
+type plan struct {
+	gap    time.Duration
+	kind   string
+	length time.Duration // how long the fault lasts
+	node   int           // server node (restart, server-pause)
+	mode   int           // proxy: 0 delay, 1 blackhole, 2 reset
+	nodes  []int         // proxy: the nodes whose proxies are hit
+}
+
+var proxyModes = []string{"delay", "blackhole", "reset"}
+
+// schedule draws plans from the seed.
+type schedule struct {
+	rng   *rand.Rand
+	kinds []string
+	ttl   time.Duration
+	nodes int // lock server nodes (or proxies)
+}
+
+func newSchedule(seed int64, kinds []string, ttl time.Duration, nodes int) *schedule {
+	return &schedule{rng: rand.New(rand.NewPCG(uint64(seed), 0x6e656d65736973)), kinds: kinds, ttl: ttl, nodes: max(nodes, 1)}
+}
+
+func (s *schedule) factor(lo, hi float64) time.Duration {
+	return time.Duration((lo + (hi-lo)*s.rng.Float64()) * float64(s.ttl))
+}
+
+func (s *schedule) next() plan {
+	p := plan{gap: s.factor(1, 2)}
+	if len(s.kinds) == 0 {
+		return p
+	}
+	p.kind = s.kinds[s.rng.IntN(len(s.kinds))]
+	switch p.kind {
+	case FaultPause, FaultServerPause:
+		p.length = s.factor(1.5, 3)
+		p.node = s.rng.IntN(s.nodes)
+	case FaultRestart, FaultRestartPersist:
+		p.length = s.factor(0.1, 1.5)
+		p.node = s.rng.IntN(s.nodes)
+	case FaultProxy:
+		p.mode = s.rng.IntN(len(proxyModes))
+		switch p.mode {
+		case 0:
+			p.length = 2 * s.ttl
+		case 1:
+			p.length = s.factor(1.5, 3)
+		}
+		perm := s.rng.Perm(s.nodes)
+		p.nodes = perm[:1+s.rng.IntN(s.nodes)]
+	}
+	return p
+}
+
+// nemesisLoop injects faults until chaos ends; a window that has begun
+// runs to its end unless ctx (the whole run) ends, and always heals.
+func (r *run) nemesisLoop(ctx, chaos context.Context, resAddr string) error {
+	nodes := 1
+	if r.servers != nil {
+		nodes = len(r.servers.nodes)
+	}
+	if len(r.proxies) > 0 {
+		nodes = len(r.proxies)
+	}
+	s := newSchedule(r.seed, r.exp.kinds, r.cfg.TTL, nodes)
+	for {
+		p := s.next()
+		sleep(chaos, p.gap)
+		if chaos.Err() != nil || p.kind == "" {
+			if p.kind == "" {
+				<-chaos.Done()
+			}
+			return nil
+		}
+		if err := r.inject(ctx, p, resAddr); err != nil {
+			return err
+		}
+	}
+}
+
+// holder is a snapshot of a worker holding the lock.
+type holder struct {
+	p     *wproc
+	owner string
+	fence uint64
+	phase string
+}
+
+// pickHolder waits up to wait for a worker inside its read-modify-write
+// (after its read, before its write), and in the second half of the wait
+// accepts any holder. It returns false if there was none.
+func (r *run) pickHolder(ctx context.Context, wait time.Duration) (holder, bool) {
+	start := time.Now()
+	t := time.NewTimer(wait / 2)
+	defer t.Stop()
+	for {
+		anyHolder := time.Since(start) >= wait/2
+		r.mu.Lock()
+		var best holder
+		for w := 1; w <= r.cfg.Workers; w++ {
+			p := r.procs[w]
+			if p == nil || p.owner == "" {
+				continue
+			}
+			select {
+			case <-p.exited:
+				continue
+			default:
+			}
+			if p.phase == "read" || (anyHolder && best.p == nil) {
+				best = holder{p: p, owner: p.owner, fence: p.fence, phase: p.phase}
+				if p.phase == "read" {
+					break
+				}
+			}
+		}
+		r.mu.Unlock()
+		if best.p != nil {
+			return best, true
+		}
+		if time.Since(start) >= wait {
+			return holder{}, false
+		}
+		select {
+		case <-ctx.Done():
+			return holder{}, false
+		case <-r.changed:
+		case <-t.C:
+			t.Reset(wait - time.Since(start))
+		}
+	}
+}
+
+// currentHolder returns a worker holding the lock now, if any.
+func (r *run) currentHolder() holder {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for w := 1; w <= r.cfg.Workers; w++ {
+		if p := r.procs[w]; p != nil && p.owner != "" {
+			return holder{p: p, owner: p.owner, fence: p.fence, phase: p.phase}
+		}
+	}
+	return holder{}
+}
+
+// window logs a fault window.
+func (r *run) window(e Event) {
+	if e.CompleteNs == 0 {
+		e.CompleteNs = monoNow()
+	}
+	r.nemesis.log(e)
+}
+
+func (r *run) missed(kind, why string) {
+	now := monoNow()
+	r.window(Event{Op: kind, InvokeNs: now, CompleteNs: now, Outcome: OutcomeFail, Err: why})
+}
+
+func (r *run) inject(ctx context.Context, p plan, resAddr string) error {
+	ttl := r.cfg.TTL
+	switch p.kind {
+	case FaultPause:
+		h, ok := r.pickHolder(ctx, 2*ttl)
+		if !ok {
+			r.missed(p.kind, "no worker held the lock within 2 × TTL")
+			return nil
+		}
+		start := monoNow()
+		if err := stopProcess(h.p.pid); err != nil {
+			r.missed(p.kind, fmt.Sprintf("SIGSTOP %s: %v", h.p.name, err))
+			return nil
+		}
+		sleep(ctx, p.length)
+		err := contProcess(h.p.pid)
+		e := Event{Op: p.kind, InvokeNs: start, Outcome: OutcomeOK, Target: h.p.name, Owner: h.owner, Fence: h.fence,
+			Detail: fmt.Sprintf("SIGSTOP for %v (%.2f × TTL), holder in phase %q", p.length.Round(time.Millisecond), float64(p.length)/float64(ttl), h.phase)}
+		if err != nil {
+			e.Err = "SIGCONT: " + err.Error()
+		}
+		r.window(e)
+
+	case FaultKill:
+		h, ok := r.pickHolder(ctx, 2*ttl)
+		if !ok {
+			r.missed(p.kind, "no worker held the lock within 2 × TTL")
+			return nil
+		}
+		r.mu.Lock()
+		h.p.killed = true
+		r.mu.Unlock()
+		start := monoNow()
+		if err := killProcess(h.p.pid); err != nil {
+			r.missed(p.kind, fmt.Sprintf("SIGKILL %s: %v", h.p.name, err))
+			return nil
+		}
+		<-h.p.exited
+		e := Event{Op: p.kind, InvokeNs: start, Outcome: OutcomeOK, Target: h.p.name, Owner: h.owner, Fence: h.fence,
+			Detail: fmt.Sprintf("SIGKILL, holder in phase %q; worker restarted", h.phase)}
+		if _, err := r.spawn(ctx, h.p.worker, resAddr); err != nil {
+			return err
+		}
+		r.window(e)
+
+	case FaultRestart, FaultRestartPersist:
+		n := r.servers.nodes[p.node]
+		addr := r.servers.addrs[p.node]
+		h := r.currentHolder()
+		start := monoNow()
+		if err := n.Kill(); err != nil {
+			return fmt.Errorf("verify: kill lock server %s: %w", addr, err)
+		}
+		sleep(ctx, p.length)
+		if err := n.Restart(); err != nil {
+			return fmt.Errorf("verify: restart lock server %s: %w", addr, err)
+		}
+		persist := "without"
+		if p.kind == FaultRestartPersist || r.cfg.url.scheme == "etcd" || r.cfg.url.scheme == "zk" {
+			persist = "with"
+		}
+		r.window(Event{Op: p.kind, InvokeNs: start, Outcome: OutcomeOK, Target: "server " + addr, Owner: h.owner, Fence: h.fence,
+			Detail: fmt.Sprintf("SIGKILL, down %v, restarted %s persistence", p.length.Round(time.Millisecond), persist)})
+
+	case FaultServerPause:
+		n := r.servers.nodes[p.node]
+		addr := r.servers.addrs[p.node]
+		h := r.currentHolder()
+		start := monoNow()
+		if err := n.Pause(); err != nil {
+			return fmt.Errorf("verify: pause lock server %s: %w", addr, err)
+		}
+		sleep(ctx, p.length)
+		if err := n.Resume(); err != nil {
+			return fmt.Errorf("verify: resume lock server %s: %w", addr, err)
+		}
+		r.window(Event{Op: p.kind, InvokeNs: start, Outcome: OutcomeOK, Target: "server " + addr, Owner: h.owner, Fence: h.fence,
+			Detail: fmt.Sprintf("SIGSTOP for %v (%.2f × TTL)", p.length.Round(time.Millisecond), float64(p.length)/float64(ttl))})
+
+	case FaultProxy:
+		var target string
+		for i, n := range p.nodes {
+			if i > 0 {
+				target += ","
+			}
+			target += r.proxies[n].upstream
+		}
+		h := r.currentHolder()
+		start := monoNow()
+		e := Event{Op: p.kind, InvokeNs: start, Outcome: OutcomeOK, Target: "proxy to " + target, Owner: h.owner, Fence: h.fence}
+		switch p.mode {
+		case 0:
+			d := ttl / 5
+			for _, n := range p.nodes {
+				r.proxies[n].setDelay(d)
+			}
+			sleep(ctx, p.length)
+			for _, n := range p.nodes {
+				r.proxies[n].setDelay(0)
+			}
+			e.Value = int64(d)
+			e.Detail = fmt.Sprintf("delay %v per chunk for %v", d, p.length)
+		case 1:
+			for _, n := range p.nodes {
+				r.proxies[n].blackhole(true)
+			}
+			sleep(ctx, p.length)
+			for _, n := range p.nodes {
+				r.proxies[n].blackhole(false)
+			}
+			e.Detail = fmt.Sprintf("blackhole for %v (%.2f × TTL)", p.length.Round(time.Millisecond), float64(p.length)/float64(ttl))
+		default:
+			for _, n := range p.nodes {
+				e.Count += int64(r.proxies[n].reset())
+			}
+			e.Detail = fmt.Sprintf("reset %d connections", e.Count)
+		}
+		r.window(e)
+	}
+	return nil
+}

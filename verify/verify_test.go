@@ -1,0 +1,285 @@
+package verify_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock/verify"
+)
+
+// shortConfig is a run small enough for make test.
+func shortConfig(t *testing.T, fault string) verify.Config {
+	t.Helper()
+	cfg := verify.DefaultConfig()
+	cfg.BackendURL = "redis://local"
+	cfg.Name = "redislock"
+	cfg.Faults = []string{fault}
+	cfg.Duration = 8 * time.Second
+	cfg.Workers = 3
+	cfg.TTL = 400 * time.Millisecond
+	cfg.Seed = 7
+	cfg.OutDir = outDir(t)
+	cfg.Exe = workerExe(t)
+	cfg.Progress = func(msg string) { t.Log(msg) }
+	return cfg
+}
+
+// outDir is a temporary directory, or $DLOCK_VERIFY_KEEP to keep the
+// histories and timelines for a look.
+func outDir(t *testing.T) string {
+	t.Helper()
+	if d := os.Getenv("DLOCK_VERIFY_KEEP"); d != "" {
+		return d
+	}
+	return t.TempDir()
+}
+
+func runOne(t *testing.T, cfg verify.Config) *verify.RunResult {
+	t.Helper()
+	rep, err := verify.Run(context.Background(), cfg, open)
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if got := len(rep.Runs); got != 1 {
+		t.Fatalf("got %d runs, want 1", got)
+	}
+	t.Logf("\n%s", rep.Table())
+	return rep.Runs[0]
+}
+
+// The acceptance test of make test: single-node Redis under process
+// pauses keeps its server-side promises (no lease overlap, fences only go
+// up, the fenced register accepts no stale write and loses nothing),
+// while the naive register — the negative control — loses updates.
+func TestPauseRedislock(t *testing.T) {
+	run := runOne(t, shortConfig(t, verify.FaultPause))
+	f := run.Findings
+	if f.Grants < 10 {
+		t.Errorf("got %d grants, want at least 10", f.Grants)
+	}
+	if n := len(f.LeaseOverlaps); n != 0 {
+		t.Errorf("got %d lease overlaps, want 0: %+v", n, f.LeaseOverlaps[0])
+	}
+	if n := len(f.FenceRegressions); n != 0 {
+		t.Errorf("got %d fence regressions, want 0: %+v", n, f.FenceRegressions[0])
+	}
+	if f.Fenced == nil || f.Naive == nil {
+		t.Fatalf("got fenced %v, naive %v findings, want both", f.Fenced, f.Naive)
+	}
+	if f.Fenced.StaleAccepted != 0 || f.Fenced.LostUpdates != 0 {
+		t.Errorf("fenced register: got %d stale writes accepted, %d lost updates, want 0 and 0", f.Fenced.StaleAccepted, f.Fenced.LostUpdates)
+	}
+	if f.Fenced.Linearizable != "Ok" {
+		t.Errorf("fenced register: got linearizability %q, want Ok", f.Fenced.Linearizable)
+	}
+	if f.Fenced.WritesStale == 0 && f.Fenced.ReadsRejected == 0 {
+		t.Errorf("fenced register rejected nothing: the pauses never made a holder stale")
+	}
+	// The negative control must see what the fence prevented.
+	if f.Naive.LostUpdates == 0 && f.Naive.StaleAccepted == 0 {
+		t.Errorf("naive register: got no lost updates and no stale writes under pauses, want violations")
+	}
+	if f.Naive.LostUpdates > 0 && f.Naive.Linearizable == "Ok" {
+		t.Errorf("naive register lost %d updates but porcupine found its history linearizable", f.Naive.LostUpdates)
+	}
+	if f.BeliefOverlaps == 0 {
+		t.Errorf("got no belief overlap under pauses, want some")
+	}
+	if len(f.QuietMissing) != 0 {
+		t.Errorf("workers %v did not acquire in the quiet phase", f.QuietMissing)
+	}
+	if len(f.Liveness) == 0 {
+		t.Errorf("got no liveness samples, want one per effective pause")
+	}
+	if got := run.Verdict(); got != "PASS" {
+		t.Errorf("got verdict %s (violations %q, invalid %q), want PASS", got, f.Violations(), f.Invalid)
+	}
+	for _, x := range []*verify.ResourceFindings{f.Fenced, f.Naive} {
+		if _, err := os.Stat(x.Visualization); err != nil {
+			t.Errorf("%s timeline: %v", x.Name, err)
+		}
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	base := func() verify.Config {
+		cfg := verify.DefaultConfig()
+		cfg.OutDir = t.TempDir()
+		cfg.Exe = workerExe(t)
+		return cfg
+	}
+	tests := []struct {
+		name   string
+		modify func(*verify.Config)
+		want   error
+		substr string
+	}{
+		{"unknown fault", func(c *verify.Config) { c.Faults = []string{"pause", "earthquake"} }, verify.ErrInvalidConfig, `unknown fault "earthquake"`},
+		{"no faults", func(c *verify.Config) { c.Faults = nil }, verify.ErrInvalidConfig, "no faults"},
+		{"zero workers", func(c *verify.Config) { c.Workers = 0 }, verify.ErrInvalidConfig, "workers must be at least 2"},
+		{"one worker", func(c *verify.Config) { c.Workers = 1 }, verify.ErrInvalidConfig, "got 1"},
+		{"short duration", func(c *verify.Config) { c.Duration = time.Second }, verify.ErrInvalidConfig, "at least 10 × TTL"},
+		{"tiny TTL", func(c *verify.Config) { c.TTL = time.Millisecond }, verify.ErrInvalidConfig, "TTL 1ms"},
+		{"zero runs", func(c *verify.Config) { c.Runs = 0 }, verify.ErrInvalidConfig, "runs"},
+		{"bad mode", func(c *verify.Config) { c.ResourceMode = "trusting" }, verify.ErrInvalidConfig, `resource mode "trusting"`},
+		{"no exe", func(c *verify.Config) { c.Exe = nil }, verify.ErrInvalidConfig, "Exe"},
+		{"exe not found", func(c *verify.Config) {
+			c.Exe = []string{"/nonexistent/dlock"}
+			c.Duration = 2 * time.Second
+			c.TTL = 100 * time.Millisecond
+		}, nil, "start worker w1.0"},
+		{"worker that is not one", func(c *verify.Config) {
+			c.Exe = []string{"/bin/sh", "-c", "echo nope >&2; exit 3"}
+			c.Duration = 2 * time.Second
+			c.TTL = 100 * time.Millisecond
+		}, nil, "nope"},
+		{"no scheme", func(c *verify.Config) { c.BackendURL = "127.0.0.1:6379" }, verify.ErrInvalidConfig, "SCHEME://"},
+		{"local etc", func(c *verify.Config) { c.BackendURL = "consul://local" }, verify.ErrInvalidConfig, "can start servers only"},
+		{"restart needs local", func(c *verify.Config) {
+			c.BackendURL = "redis://127.0.0.1:6379"
+			c.Faults = []string{verify.FaultRestart}
+		}, verify.ErrInvalidConfig, "use redis://local"},
+		{"in-process pause", func(c *verify.Config) {
+			c.BackendURL = "mem://"
+			c.InProcess = true
+		}, verify.ErrInvalidConfig, "needs worker processes"},
+		{"backend does not answer", func(c *verify.Config) {
+			c.BackendURL = "redis://127.0.0.1:1"
+			c.Duration = 2 * time.Second
+			c.TTL = 100 * time.Millisecond
+		}, verify.ErrUnavailable, "redis://127.0.0.1:1"},
+		{"unknown scheme for the factory", func(c *verify.Config) {
+			c.BackendURL = "consul://127.0.0.1:8500"
+			c.Duration = 2 * time.Second
+			c.TTL = 100 * time.Millisecond
+		}, nil, "unsupported backend URL"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := base()
+			tt.modify(&cfg)
+			_, err := verify.Run(context.Background(), cfg, open)
+			if err == nil {
+				t.Fatalf("got no error, want one containing %q", tt.substr)
+			}
+			if tt.want != nil && !errors.Is(err, tt.want) {
+				t.Errorf("got error %q, want one matching %q", err, tt.want)
+			}
+			if !strings.Contains(err.Error(), tt.substr) || !strings.HasPrefix(err.Error(), "verify: ") {
+				t.Errorf("got error %q, want it to start with \"verify: \" and contain %q", err, tt.substr)
+			}
+		})
+	}
+	if _, err := verify.Run(context.Background(), base(), nil); !errors.Is(err, verify.ErrInvalidConfig) {
+		t.Errorf("nil OpenFunc: got %v, want ErrInvalidConfig", err)
+	}
+}
+
+// In-process workers on memlock: the baseline without faults passes.
+// Belief overlaps can still happen when the whole test process is starved
+// of CPU past the TTL (a natural pause): the fence then rejects the stale
+// write, and the check must still pass.
+func TestInProcessMemlock(t *testing.T) {
+	cfg := verify.DefaultConfig()
+	cfg.BackendURL = "mem://"
+	cfg.Name = "memlock"
+	cfg.InProcess = true
+	cfg.Faults = []string{verify.FaultNone}
+	cfg.Duration = 2 * time.Second
+	cfg.TTL = 200 * time.Millisecond
+	cfg.Workers = 4
+	cfg.OutDir = outDir(t)
+	run := runOne(t, cfg)
+	f := run.Findings
+	if got := run.Verdict(); got != "PASS" {
+		t.Errorf("got verdict %s (violations %q, invalid %q), want PASS", got, f.Violations(), f.Invalid)
+	}
+	if f.Grants < 10 {
+		t.Errorf("got %d grants, want at least 10", f.Grants)
+	}
+	if len(f.LeaseOverlaps) != 0 || len(f.FenceRegressions) != 0 || f.Fenced.Linearizable != "Ok" {
+		t.Errorf("got %d lease overlaps, %d fence regressions, fenced %q; want 0, 0, Ok",
+			len(f.LeaseOverlaps), len(f.FenceRegressions), f.Fenced.Linearizable)
+	}
+	if f.BeliefOverlaps > 0 {
+		t.Logf("%d belief overlaps without faults: the process was starved past the TTL", f.BeliefOverlaps)
+	}
+}
+
+// Every other fault runs and has its effect; single-node Redis keeps its
+// fences in order under all of them.
+func TestFaults(t *testing.T) {
+	for _, fault := range []string{verify.FaultKill, verify.FaultRestart, verify.FaultRestartPersist, verify.FaultServerPause, verify.FaultProxy} {
+		t.Run(fault, func(t *testing.T) {
+			cfg := shortConfig(t, fault)
+			cfg.Duration = 6 * time.Second
+			run := runOne(t, cfg)
+			f := run.Findings
+			if len(f.Invalid) > 0 {
+				t.Errorf("run invalid: %q", f.Invalid)
+			}
+			if n := len(f.FenceRegressions); n != 0 {
+				t.Errorf("got %d fence regressions, want 0", n)
+			}
+			if f.Fenced.StaleAccepted != 0 || f.Fenced.LostUpdates != 0 || f.Fenced.Linearizable == "Illegal" {
+				t.Errorf("fenced register: got %d stale accepted, %d lost, %s; want 0, 0, not Illegal", f.Fenced.StaleAccepted, f.Fenced.LostUpdates, f.Fenced.Linearizable)
+			}
+			t.Logf("violations: %q", f.Violations())
+		})
+	}
+}
+
+// A lock that excludes nothing must fail: lease overlaps are reported, the
+// naive register loses updates, and the fence still protects the fenced
+// register.
+func TestBrokenLockIsCaught(t *testing.T) {
+	cfg := verify.DefaultConfig()
+	cfg.BackendURL = "broken://"
+	cfg.Name = "broken"
+	cfg.InProcess = true
+	cfg.Faults = []string{verify.FaultNone}
+	cfg.Duration = time.Second
+	cfg.TTL = 100 * time.Millisecond
+	cfg.Workers = 3
+	cfg.OutDir = t.TempDir()
+	run := runOne(t, cfg)
+	f := run.Findings
+	if got := run.Verdict(); got != "FAIL" {
+		t.Errorf("got verdict %s, want FAIL", got)
+	}
+	if len(f.LeaseOverlaps) == 0 || f.BeliefOverlaps == 0 {
+		t.Errorf("got %d lease overlaps, %d belief overlaps; want both > 0", len(f.LeaseOverlaps), f.BeliefOverlaps)
+	}
+	if f.Naive.LostUpdates == 0 || f.Naive.Linearizable != "Illegal" {
+		t.Errorf("naive register: got %d lost updates, %s; want > 0, Illegal", f.Naive.LostUpdates, f.Naive.Linearizable)
+	}
+	if f.Fenced.StaleAccepted != 0 || f.Fenced.LostUpdates != 0 || f.Fenced.Linearizable != "Ok" {
+		t.Errorf("fenced register: got %d stale accepted, %d lost, %s; want 0, 0, Ok", f.Fenced.StaleAccepted, f.Fenced.LostUpdates, f.Fenced.Linearizable)
+	}
+}
+
+// Cancelling the context stops a run promptly and leaves nothing behind
+// (goleak checks the goroutines; the servers and workers are killed).
+func TestCancel(t *testing.T) {
+	cfg := shortConfig(t, verify.FaultPause)
+	cfg.Duration = time.Minute
+	ctx, cancel := context.WithCancel(context.Background())
+	cfg.Progress = func(msg string) {
+		t.Log(msg)
+		if strings.Contains(msg, "workers up") {
+			time.AfterFunc(time.Second, cancel)
+		}
+	}
+	start := time.Now()
+	_, err := verify.Run(ctx, cfg, open)
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("got %v, want context.Canceled", err)
+	}
+	if d := time.Since(start); d > 20*time.Second {
+		t.Errorf("Run took %v after cancellation, want it prompt", d)
+	}
+}
