@@ -1,0 +1,218 @@
+package redlock_test
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/testserver"
+	"github.com/dlock-go/dlock/redlock"
+)
+
+// nodes are five independent redis-servers (no persistence) shared by the
+// tests of this package, started once by TestMain. Tests that pause, kill
+// or restart them bring them back (see fault) before they end.
+var nodes []*testserver.Redis
+
+// testMain stops the servers after the tests and before goleak looks for
+// leaked goroutines.
+type testMain struct{ m *testing.M }
+
+func (tm testMain) Run() int {
+	code := tm.m.Run()
+	if err := testserver.StopAll(nodes...); err != nil {
+		fmt.Fprintln(os.Stderr, "redlock tests: stop servers:", err)
+		if code == 0 {
+			code = 1
+		}
+	}
+	return code
+}
+
+// quietLogger drops go-redis' log lines (dial failures the tests cause on
+// purpose).
+type quietLogger struct{}
+
+func (quietLogger) Printf(context.Context, string, ...any) {}
+
+func TestMain(m *testing.M) {
+	redis.SetLogger(quietLogger{})
+	var err error
+	nodes, err = testserver.StartRedisN(5, testserver.RedisOptions{})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "redlock tests:", err)
+		os.Exit(1)
+	}
+	// go-redis starts a dial prober after PoolSize failed dials in a row
+	// (the killed-node tests make them); it sleeps 1s between probes and
+	// notices its pool was closed only then, later than goleak waits.
+	goleak.VerifyTestMain(testMain{m},
+		goleak.IgnoreAnyFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).tryDial"))
+}
+
+// newClients returns one new go-redis client per node, closed when the
+// test ends.
+func newClients(t testing.TB, edit ...func(*redis.Options)) []*redis.Client {
+	t.Helper()
+	rdbs := make([]*redis.Client, len(nodes))
+	for i, n := range nodes {
+		opt := &redis.Options{Addr: n.Addr()}
+		for _, e := range edit {
+			e(opt)
+		}
+		rdbs[i] = redis.NewClient(opt)
+		rdb := rdbs[i]
+		t.Cleanup(func() { rdb.Close() })
+	}
+	return rdbs
+}
+
+// newBackend returns a Backend over new clients of the five nodes, closed
+// when the test ends.
+func newBackend(t testing.TB, opts ...redlock.Option) *redlock.Backend {
+	t.Helper()
+	b := redlock.NewWithOptions(newClients(t), opts...)
+	if err := b.Err(); err != nil {
+		t.Fatalf("redlock.NewWithOptions: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := b.Close(); err != nil {
+			t.Errorf("Backend.Close: %v", err)
+		}
+	})
+	return b
+}
+
+// newClient returns a dlock.Client on a new Backend, closed when the test
+// ends.
+func newClient(t testing.TB, bopts []redlock.Option, opts ...dlock.Option) *dlock.Client {
+	t.Helper()
+	c := dlock.New(redlock.NewWithOptions(newClients(t), bopts...), opts...)
+	if err := c.Err(); err != nil {
+		t.Fatalf("dlock.New: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := c.Close(); err != nil {
+			t.Errorf("Client.Close: %v", err)
+		}
+	})
+	return c
+}
+
+// key returns a lock key unique to the test.
+func key(t testing.TB) string {
+	return strings.ReplaceAll(t.Name(), "/", ".") + "." + rand.Text()[:8]
+}
+
+func ctxT(t testing.TB, d time.Duration) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// waitFor polls cond every millisecond until it holds or d passes.
+func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// A fault takes some nodes out: Pause (SIGSTOP: connections stay open,
+// nothing is answered) or Kill (connections refused; Restart brings the
+// node back empty).
+type fault string
+
+const (
+	pause fault = "Pause"
+	kill  fault = "Kill"
+)
+
+// apply takes the nodes with the given indexes out and returns a function
+// that brings them back (also registered with t.Cleanup; calling it twice
+// is harmless).
+func (f fault) apply(t testing.TB, idx ...int) (restore func()) {
+	t.Helper()
+	for _, i := range idx {
+		var err error
+		if f == pause {
+			err = nodes[i].Pause()
+		} else {
+			err = nodes[i].Kill()
+		}
+		if err != nil {
+			t.Fatalf("%s node %d: %v", f, i, err)
+		}
+	}
+	done := false
+	restore = func() {
+		t.Helper()
+		if done {
+			return
+		}
+		done = true
+		for _, i := range idx {
+			var err error
+			if f == pause {
+				err = nodes[i].Resume()
+			} else {
+				err = nodes[i].Restart()
+			}
+			if err != nil {
+				t.Errorf("restore node %d after %s: %v", i, f, err)
+			}
+		}
+	}
+	t.Cleanup(restore)
+	return restore
+}
+
+// nodeErrs returns the *dlock.NodeError values joined in err.
+func nodeErrs(err error) []*dlock.NodeError {
+	var out []*dlock.NodeError
+	var walk func(error)
+	walk = func(err error) {
+		if ne, ok := err.(*dlock.NodeError); ok {
+			out = append(out, ne)
+			return
+		}
+		switch u := err.(type) {
+		case interface{ Unwrap() []error }:
+			for _, e := range u.Unwrap() {
+				walk(e)
+			}
+		case interface{ Unwrap() error }:
+			if e := u.Unwrap(); e != nil {
+				walk(e)
+			}
+		}
+	}
+	if err != nil {
+		walk(err)
+	}
+	return out
+}
+
+// req returns a backend request for key with a fresh token.
+func req(key string, ttl time.Duration) dlock.Request {
+	return dlock.Request{Key: key, Token: rand.Text(), TTL: ttl}
+}
+
+func isNodeErr(err error) bool {
+	var ne *dlock.NodeError
+	return errors.As(err, &ne)
+}
