@@ -1,0 +1,47 @@
+module github.com/dlock-go/dlock/cmd/dlock
+
+go 1.24.0
+
+require (
+	github.com/dlock-go/dlock v0.0.0
+	github.com/dlock-go/dlock/etcdlock v0.0.0
+	github.com/dlock-go/dlock/zklock v0.0.0
+	github.com/go-zookeeper/zk v1.0.4
+	github.com/redis/go-redis/v9 v9.20.1
+	github.com/spf13/cobra v1.10.2
+	go.etcd.io/etcd/client/v3 v3.5.27
+	go.uber.org/goleak v1.3.0
+	go.uber.org/zap v1.17.0
+	golang.org/x/sys v0.41.0
+)
+
+require github.com/anishathalye/porcupine v1.3.1 // indirect
+
+require (
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/coreos/go-semver v0.3.0 // indirect
+	github.com/coreos/go-systemd/v22 v22.3.2 // indirect
+	github.com/dlock-go/dlock/verify v0.0.0
+	github.com/gogo/protobuf v1.3.2 // indirect
+	github.com/golang/protobuf v1.5.4 // indirect
+	github.com/inconshreveable/mousetrap v1.1.0 // indirect
+	github.com/spf13/pflag v1.0.9 // indirect
+	go.etcd.io/etcd/api/v3 v3.5.27 // indirect
+	go.etcd.io/etcd/client/pkg/v3 v3.5.27 // indirect
+	go.uber.org/atomic v1.11.0 // indirect
+	go.uber.org/multierr v1.6.0 // indirect
+	golang.org/x/net v0.47.0 // indirect
+	golang.org/x/text v0.31.0 // indirect
+	google.golang.org/genproto/googleapis/api v0.0.0-20250106144421-5f5ef82da422 // indirect
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20250115164207-1a7da9e5054f // indirect
+	google.golang.org/grpc v1.71.1 // indirect
+	google.golang.org/protobuf v1.36.4 // indirect
+)
+
+replace github.com/dlock-go/dlock => ../..
+
+replace github.com/dlock-go/dlock/etcdlock => ../../etcdlock
+
+replace github.com/dlock-go/dlock/zklock => ../../zklock
+
+replace github.com/dlock-go/dlock/verify => ../../verify

@@ -1,0 +1,1085 @@
+//go:build unix
+
+package main_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/testserver"
+	"github.com/dlock-go/dlock/redislock"
+)
+
+// The tests run the built dlock binary against a real redis-server.
+var (
+	bin string            // the dlock binary, built by TestMain
+	srv *testserver.Redis // shared server; every test uses its own keys
+)
+
+type testMain struct{ m *testing.M }
+
+// Run builds the binary and starts the server around the tests, so that
+// goleak checks after both are gone.
+func (tm testMain) Run() int {
+	dir, err := os.MkdirTemp("", "dlock-cli-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	bin = filepath.Join(dir, "dlock")
+	args := []string{"build", "-o", bin}
+	if raceEnabled {
+		args = append(args, "-race")
+	}
+	build := exec.Command("go", append(args, ".")...)
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building dlock:", err)
+		return 1
+	}
+	srv, err = testserver.StartRedis(testserver.RedisOptions{})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer srv.Stop()
+	return tm.m.Run()
+}
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(testMain{m}) }
+
+// backendURL is the URL of the shared server.
+func backendURL() string { return "redis://" + srv.Addr() }
+
+// keyFor returns a key unique to the test.
+func keyFor(t *testing.T) string {
+	t.Helper()
+	return "cli-test:" + t.Name()
+}
+
+type result struct {
+	stdout, stderr string
+	code           int
+	took           time.Duration
+}
+
+// command returns an *exec.Cmd running dlock with args against the shared
+// server (DLOCK_BACKEND), unless args choose another with --backend.
+func command(t *testing.T, args ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), "DLOCK_BACKEND="+backendURL())
+	return cmd
+}
+
+// dlockRun runs dlock to completion (bounded by a minute) and returns what
+// it printed and its exit code.
+func dlockRun(t *testing.T, args ...string) result {
+	t.Helper()
+	cmd := command(t, args...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("starting dlock: %v", err)
+	}
+	return waitResult(t, cmd, &out, &errb, start, time.Minute)
+}
+
+func waitResult(t *testing.T, cmd *exec.Cmd, out, errb *bytes.Buffer, start time.Time, limit time.Duration) result {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		var ee *exec.ExitError
+		if err != nil && !errors.As(err, &ee) {
+			t.Fatalf("dlock %v: %v", cmd.Args[1:], err)
+		}
+	case <-time.After(limit):
+		_ = cmd.Process.Kill()
+		<-done
+		t.Fatalf("dlock %v did not exit within %v; stderr: %s", cmd.Args[1:], limit, errb)
+	}
+	return result{stdout: out.String(), stderr: errb.String(), code: cmd.ProcessState.ExitCode(), took: time.Since(start)}
+}
+
+// proc is a dlock process running in the background whose stdout is read
+// line by line.
+type proc struct {
+	t      *testing.T
+	cmd    *exec.Cmd
+	lines  chan string
+	stdout *os.File // read end of dlock's stdout
+	copied chan struct{}
+	out    syncBuffer
+	errb   syncBuffer
+	start  time.Time
+	res    *result
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// startDlock starts dlock with args; the process is killed at the end of
+// the test if it still runs.
+func startDlock(t *testing.T, args ...string) *proc {
+	t.Helper()
+	p := &proc{t: t, cmd: command(t, args...), lines: make(chan string, 64), copied: make(chan struct{})}
+	p.cmd.Stderr = &p.errb
+	// An os.Pipe rather than StdoutPipe: the reader sees EOF once dlock and
+	// its command have both closed it, and can be cut off (see wait) if a
+	// command outlives dlock.
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.stdout, p.cmd.Stdout = r, w
+	p.start = time.Now()
+	err = p.cmd.Start()
+	_ = w.Close()
+	if err != nil {
+		_ = r.Close()
+		t.Fatalf("starting dlock: %v", err)
+	}
+	go func() {
+		defer close(p.copied)
+		defer close(p.lines)
+		sc := bufio.NewScanner(r)
+		for sc.Scan() {
+			_, _ = p.out.Write(append(sc.Bytes(), '\n'))
+			select {
+			case p.lines <- sc.Text():
+			default: // nobody is awaiting lines any more
+			}
+		}
+	}()
+	// A test that ends early stops dlock with SIGTERM, which dlock forwards
+	// to its command, so no command outlives the test; SIGKILL follows if
+	// that takes too long. WaitDelay keeps Wait from hanging on a pipe
+	// still held open by an orphaned command.
+	p.cmd.WaitDelay = 5 * time.Second
+	t.Cleanup(func() {
+		if p.res == nil {
+			_ = p.cmd.Process.Signal(syscall.SIGTERM)
+			timer := time.AfterFunc(10*time.Second, func() { _ = p.cmd.Process.Kill() })
+			_ = p.cmd.Wait()
+			timer.Stop()
+		}
+		p.drain()
+	})
+	return p
+}
+
+// await waits until the process prints a line containing s.
+func (p *proc) await(s string) {
+	p.t.Helper()
+	timeout := time.After(30 * time.Second)
+	for {
+		select {
+		case line, ok := <-p.lines:
+			if !ok {
+				p.t.Fatalf("dlock exited before printing %q; stdout %q, stderr %q", s, p.out.String(), p.errb.String())
+			}
+			if strings.Contains(line, s) {
+				return
+			}
+		case <-timeout:
+			p.t.Fatalf("dlock did not print %q within 30s; stderr %q", s, p.errb.String())
+		}
+	}
+}
+
+// drain waits for the rest of dlock's stdout, at most 5 s after dlock
+// exited (a command that outlives dlock keeps the pipe open).
+func (p *proc) drain() {
+	select {
+	case <-p.copied:
+	case <-time.After(5 * time.Second):
+		_ = p.stdout.Close()
+		<-p.copied
+	}
+	_ = p.stdout.Close()
+}
+
+// wait waits up to limit for the process to exit.
+func (p *proc) wait(limit time.Duration) result {
+	p.t.Helper()
+	done := make(chan error, 1)
+	go func() {
+		err := p.cmd.Wait()
+		p.drain()
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		var ee *exec.ExitError
+		if err != nil && !errors.As(err, &ee) {
+			p.t.Fatalf("dlock: %v", err)
+		}
+	case <-time.After(limit):
+		_ = p.cmd.Process.Kill()
+		<-done
+		p.t.Fatalf("dlock did not exit within %v; stdout %q, stderr %q", limit, p.out.String(), p.errb.String())
+	}
+	p.res = &result{stdout: p.out.String(), stderr: p.errb.String(), code: p.cmd.ProcessState.ExitCode(), took: time.Since(p.start)}
+	return *p.res
+}
+
+// lockClient returns a dlock Client on the shared server with its own
+// connection, closed at the end of the test.
+func lockClient(t *testing.T, addr string, opts ...dlock.Option) (*dlock.Client, *redislock.Backend, *redis.Client) {
+	t.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+	b := redislock.New(rdb)
+	c := dlock.New(b, opts...)
+	if err := c.Err(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = c.Close()
+		_ = rdb.Close()
+	})
+	return c, b, rdb
+}
+
+// hold takes key on the shared server from the test itself.
+func hold(t *testing.T, key string, opts ...dlock.Option) *dlock.Lease {
+	t.Helper()
+	c, _, _ := lockClient(t, srv.Addr(), opts...)
+	l, err := c.TryAcquire(context.Background(), key)
+	if err != nil {
+		t.Fatalf("TryAcquire(%q): %v", key, err)
+	}
+	return l
+}
+
+// inspect reads key's state on the shared server.
+func inspect(t *testing.T, key string) dlock.Info {
+	t.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer rdb.Close()
+	b := redislock.New(rdb)
+	defer b.Close()
+	info, err := b.Inspect(context.Background(), key)
+	if err != nil {
+		t.Fatalf("Inspect(%q): %v", key, err)
+	}
+	return info
+}
+
+func assertFree(t *testing.T, key string) {
+	t.Helper()
+	if info := inspect(t, key); info.Held {
+		t.Errorf("lock %q after dlock exited: held by %q, want free", key, info.Owner)
+	}
+}
+
+func assertCode(t *testing.T, r result, want int) {
+	t.Helper()
+	if r.code != want {
+		t.Fatalf("exit code: got %d, want %d; stdout %q, stderr %q", r.code, want, r.stdout, r.stderr)
+	}
+}
+
+// awaitWaiting waits until a dlock process waits for key: it has
+// subscribed to the key's release channel.
+func awaitWaiting(t *testing.T, key string) {
+	t.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer rdb.Close()
+	b := redislock.New(rdb)
+	defer b.Close()
+	channel := b.LockName(key) + ":rel"
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		n, err := rdb.PubSubNumSub(context.Background(), channel).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n[channel] > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no waiter subscribed to %s within 30s", channel)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// freePort returns a loopback port nothing listens on.
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	_ = l.Close()
+	return port
+}
+
+// trapScript is a child that reports the signals it gets on stdout and
+// exits with 5 on TERM, INT or HUP.
+const trapScript = `trap 'echo got-TERM; exit 5' TERM; trap 'echo got-INT; exit 5' INT; trap 'echo got-HUP; exit 5' HUP; echo ready; while :; do sleep 0.05; done`
+
+func TestRunExitCodes(t *testing.T) {
+	t.Parallel()
+	noexec := filepath.Join(t.TempDir(), "not-executable")
+	if err := os.WriteFile(noexec, []byte("#!/bin/sh\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		cmd  []string
+		want int
+	}{
+		{"success", []string{"true"}, 0},
+		{"failure", []string{"sh", "-c", "exit 3"}, 3},
+		{"high code", []string{"sh", "-c", "exit 200"}, 200},
+		{"killed by signal", []string{"sh", "-c", "kill -KILL $$"}, 128 + int(syscall.SIGKILL)},
+		{"not found", []string{"no-such-command-dlock-test"}, 127},
+		{"not executable", []string{noexec}, 126},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			key := keyFor(t)
+			r := dlockRun(t, append([]string{"run", key, "--"}, tc.cmd...)...)
+			assertCode(t, r, tc.want)
+			assertFree(t, key)
+		})
+	}
+}
+
+func TestRunEnvironment(t *testing.T) {
+	t.Parallel()
+	key := keyFor(t)
+	// The command inspects its own lock through DLOCK_BACKEND.
+	script := `echo "key=$DLOCK_KEY"; echo "fence=$DLOCK_FENCE"; echo "owner=$DLOCK_OWNER"; "$0" inspect --json "$DLOCK_KEY"`
+	r := dlockRun(t, "run", key, "--", "sh", "-c", script, bin)
+	assertCode(t, r, 0)
+	lines := strings.SplitN(r.stdout, "\n", 4)
+	if len(lines) < 4 {
+		t.Fatalf("child output: got %q, want 3 variables and JSON", r.stdout)
+	}
+	if got, want := lines[0], "key="+key; got != want {
+		t.Errorf("DLOCK_KEY: got %q, want %q", got, want)
+	}
+	var info struct {
+		Held  bool   `json:"held"`
+		Owner string `json:"owner"`
+		Fence uint64 `json:"fence"`
+	}
+	if err := json.Unmarshal([]byte(lines[3]), &info); err != nil {
+		t.Fatalf("inspect --json from the child: %v in %q", err, lines[3])
+	}
+	if !info.Held {
+		t.Fatalf("inspect from the child: lock not held")
+	}
+	if got, want := lines[1], fmt.Sprintf("fence=%d", info.Fence); got != want || info.Fence == 0 {
+		t.Errorf("DLOCK_FENCE: got %q, want %q", got, want)
+	}
+	if got, want := lines[2], "owner="+info.Owner; got != want || info.Owner == "" {
+		t.Errorf("DLOCK_OWNER: got %q, want %q", got, want)
+	}
+	assertFree(t, key)
+}
+
+func TestRunConflict(t *testing.T) {
+	t.Parallel()
+	key := keyFor(t)
+	l := hold(t, key)
+	marker := filepath.Join(t.TempDir(), "ran")
+	touch := []string{"sh", "-c", "touch " + marker}
+
+	r := dlockRun(t, append([]string{"run", key, "--"}, touch...)...)
+	assertCode(t, r, 75)
+	if !strings.Contains(r.stderr, fmt.Sprintf("lock %q is held by another owner", key)) || !strings.Contains(r.stderr, l.Owner()) {
+		t.Errorf("stderr: got %q, want the key and the holder %q", r.stderr, l.Owner())
+	}
+	if _, err := os.Stat(marker); err == nil {
+		t.Errorf("the command ran although the lock was held")
+	}
+
+	r = dlockRun(t, append([]string{"run", "--conflict-exit-code", "9", "--quiet", key, "--"}, touch...)...)
+	assertCode(t, r, 9)
+	if r.stderr != "" {
+		t.Errorf("stderr with --quiet: got %q, want nothing", r.stderr)
+	}
+
+	const wait = 300 * time.Millisecond
+	r = dlockRun(t, append([]string{"run", "--wait", wait.String(), key, "--"}, touch...)...)
+	assertCode(t, r, 75)
+	if r.took < wait {
+		t.Errorf("--wait %v: gave up after %v, want at least %v", wait, r.took, wait)
+	}
+	if !strings.Contains(r.stderr, "--wait") {
+		t.Errorf("stderr: got %q, want a mention of --wait", r.stderr)
+	}
+	if _, err := os.Stat(marker); err == nil {
+		t.Errorf("the command ran although the lock was held")
+	}
+	if info := inspect(t, key); info.Owner != l.Owner() {
+		t.Errorf("holder after the conflicts: got %q, want %q", info.Owner, l.Owner())
+	}
+}
+
+func TestRunWaitsForRelease(t *testing.T) {
+	t.Parallel()
+	key := keyFor(t)
+	l := hold(t, key)
+	p := startDlock(t, "run", "--wait", "30s", key, "--", "echo", "ran")
+	awaitWaiting(t, key)
+	if err := l.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	r := p.wait(30 * time.Second)
+	assertCode(t, r, 0)
+	if r.stdout != "ran\n" {
+		t.Errorf("stdout: got %q, want %q", r.stdout, "ran\n")
+	}
+	assertFree(t, key)
+}
+
+func TestRunFIFO(t *testing.T) {
+	t.Parallel()
+	key := keyFor(t)
+	l := hold(t, key)
+	order := filepath.Join(t.TempDir(), "order")
+	var procs []*proc
+	for i := 1; i <= 3; i++ {
+		p := startDlock(t, "run", "--fifo", "--wait", "30s", key, "--", "sh", "-c", fmt.Sprintf(`echo %d >> "$0"`, i), order)
+		procs = append(procs, p)
+		// Queue them one after the other.
+		deadline := time.Now().Add(30 * time.Second)
+		for inspect(t, key).Waiters < i {
+			if time.Now().After(deadline) {
+				t.Fatalf("waiter %d not queued within 30s", i)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	if err := l.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range procs {
+		assertCode(t, p.wait(30*time.Second), 0)
+	}
+	b, err := os.ReadFile(order)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := string(b), "1\n2\n3\n"; got != want {
+		t.Errorf("order of the queued runs: got %q, want %q", got, want)
+	}
+	assertFree(t, key)
+}
+
+func TestRunInterruptedWhileWaiting(t *testing.T) {
+	t.Parallel()
+	key := keyFor(t)
+	l := hold(t, key)
+	p := startDlock(t, "run", "--wait", "forever", key, "--", "echo", "ran")
+	awaitWaiting(t, key)
+	if err := p.cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	r := p.wait(10 * time.Second)
+	assertCode(t, r, 128+int(syscall.SIGINT))
+	if r.stdout != "" || !strings.Contains(r.stderr, "interrupted") {
+		t.Errorf("got stdout %q, stderr %q; want no output from the command and an interruption message", r.stdout, r.stderr)
+	}
+	if info := inspect(t, key); info.Owner != l.Owner() {
+		t.Errorf("holder: got %q, want %q", info.Owner, l.Owner())
+	}
+}
+
+func TestRunSignalsForwarded(t *testing.T) {
+	t.Parallel()
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP} {
+		t.Run(sig.String(), func(t *testing.T) {
+			t.Parallel()
+			key := keyFor(t)
+			p := startDlock(t, "run", key, "--", "sh", "-c", trapScript)
+			p.await("ready")
+			if err := p.cmd.Process.Signal(sig); err != nil {
+				t.Fatal(err)
+			}
+			r := p.wait(10 * time.Second)
+			assertCode(t, r, 5)
+			name := map[syscall.Signal]string{syscall.SIGTERM: "TERM", syscall.SIGINT: "INT", syscall.SIGHUP: "HUP"}[sig]
+			if !strings.Contains(r.stdout, "got-"+name) {
+				t.Errorf("child output: got %q, want got-%s", r.stdout, name)
+			}
+			assertFree(t, key)
+		})
+	}
+}
+
+func TestRunSignalKillsUntrappingChild(t *testing.T) {
+	t.Parallel()
+	key := keyFor(t)
+	p := startDlock(t, "run", key, "--", "sh", "-c", "echo ready; exec sleep 60")
+	p.await("ready")
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	r := p.wait(10 * time.Second)
+	assertCode(t, r, 128+int(syscall.SIGTERM))
+	assertFree(t, key)
+}
+
+// The lease is lost when someone force-releases the lock: the watchdog's
+// next renewal finds it gone.
+func TestRunLostLeaseForceReleased(t *testing.T) {
+	t.Parallel()
+	key := keyFor(t)
+	p := startDlock(t, "run", "--ttl", "1s", "--grace", "5s", key, "--", "sh", "-c", trapScript)
+	p.await("ready")
+	rel := dlockRun(t, "release", "--force", key)
+	assertCode(t, rel, 0)
+	r := p.wait(10 * time.Second)
+	assertCode(t, r, 76)
+	if !strings.Contains(r.stdout, "got-TERM") {
+		t.Errorf("child output: got %q, want got-TERM", r.stdout)
+	}
+	if want := fmt.Sprintf("lost the lock %q", key); !strings.Contains(r.stderr, want) {
+		t.Errorf("stderr: got %q, want %q", r.stderr, want)
+	}
+	if strings.Contains(r.stderr, "SIGKILL\n") {
+		t.Errorf("stderr: got %q, want no SIGKILL (the child exits on SIGTERM)", r.stderr)
+	}
+}
+
+func TestRunLostLeaseCustomCodeAndGrace(t *testing.T) {
+	t.Parallel()
+	key := keyFor(t)
+	// The child ignores SIGTERM: SIGKILL follows after --grace.
+	p := startDlock(t, "run", "--ttl", "1s", "--grace", "300ms", "--lost-exit-code", "99", key, "--",
+		"sh", "-c", `trap '' TERM; echo ready; while :; do sleep 0.05; done`)
+	p.await("ready")
+	assertCode(t, dlockRun(t, "release", "--force", key), 0)
+	r := p.wait(10 * time.Second)
+	assertCode(t, r, 99)
+	if !strings.Contains(r.stderr, "sending SIGKILL") {
+		t.Errorf("stderr: got %q, want a SIGKILL message", r.stderr)
+	}
+}
+
+// A loss the watchdog has not noticed yet (long TTL) is found when dlock
+// releases the lock after the command: exit with the lost code anyway.
+func TestRunLostFoundAtRelease(t *testing.T) {
+	t.Parallel()
+	key := keyFor(t)
+	marker := filepath.Join(t.TempDir(), "go")
+	p := startDlock(t, "run", "--ttl", "1m", key, "--", "sh", "-c",
+		`echo ready; while [ ! -f "$0" ]; do sleep 0.02; done`, marker)
+	p.await("ready")
+	assertCode(t, dlockRun(t, "release", "--force", key), 0)
+	if err := os.WriteFile(marker, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := p.wait(10 * time.Second)
+	assertCode(t, r, 76)
+	if want := fmt.Sprintf("the lock %q was lost before the command finished", key); !strings.Contains(r.stderr, want) {
+		t.Errorf("stderr: got %q, want %q", r.stderr, want)
+	}
+}
+
+// If dlock itself dies, nobody renews the lease: on Linux the command is
+// killed with it rather than run on unprotected.
+func TestRunCommandDiesWithDlock(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("parent-death signal is Linux only")
+	}
+	t.Parallel()
+	key := keyFor(t)
+	p := startDlock(t, "run", key, "--", "sh", "-c", `echo "ready $$"; while :; do sleep 0.05; done`)
+	var pid int
+	for line := range p.lines {
+		if _, err := fmt.Sscanf(line, "ready %d", &pid); err == nil {
+			break
+		}
+	}
+	if pid == 0 {
+		t.Fatalf("the command did not report its pid; stderr %q", p.errb.String())
+	}
+	if err := p.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	p.wait(10 * time.Second)
+	deadline := time.Now().Add(10 * time.Second)
+	for alive(pid) {
+		if time.Now().After(deadline) {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+			t.Fatalf("the command (pid %d) still runs 10s after dlock was killed", pid)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// alive reports whether pid runs (a zombie does not).
+func alive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// The state follows the parenthesised command name.
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
+}
+
+// The lease is lost when the server stops answering for longer than the
+// TTL: the child is stopped and dlock exits with the lost code.
+func TestRunLostLeaseServerStopped(t *testing.T) {
+	t.Parallel()
+	own, err := testserver.StartRedis(testserver.RedisOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = own.Stop() })
+	key := keyFor(t)
+	p := startDlock(t, "--backend", "redis://"+own.Addr(), "--timeout", "500ms",
+		"run", "--ttl", "1s", key, "--", "sh", "-c", trapScript)
+	p.await("ready")
+	if err := own.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	r := p.wait(15 * time.Second)
+	assertCode(t, r, 76)
+	if !strings.Contains(r.stdout, "got-TERM") {
+		t.Errorf("child output: got %q, want got-TERM", r.stdout)
+	}
+	if want := fmt.Sprintf("lost the lock %q", key); !strings.Contains(r.stderr, want) {
+		t.Errorf("stderr: got %q, want %q", r.stderr, want)
+	}
+	if took := time.Since(killed); took > 5*time.Second {
+		t.Errorf("dlock stopped the command %v after the server died, want within a few TTLs (1s)", took)
+	}
+}
+
+func TestRunReentrantOwner(t *testing.T) {
+	t.Parallel()
+	key := keyFor(t)
+	// A nested run with the same owner re-enters instead of conflicting.
+	r := dlockRun(t, "run", "--owner", "job-1", key, "--", bin, "run", "--owner", "job-1", key, "--", "sh", "-c", `echo "$DLOCK_OWNER"`)
+	assertCode(t, r, 0)
+	if r.stdout != "job-1\n" {
+		t.Errorf("stdout: got %q, want %q", r.stdout, "job-1\n")
+	}
+	assertFree(t, key)
+}
+
+func TestInspect(t *testing.T) {
+	t.Parallel()
+	key := keyFor(t)
+	free := dlockRun(t, "inspect", key)
+	assertCode(t, free, 0)
+	if !regexpMatch(`(?m)^held\s+no$`, free.stdout) || strings.Contains(free.stdout, "owner") {
+		t.Errorf("inspect of a free lock: got %q, want held no and no owner", free.stdout)
+	}
+	freeJSON := dlockRun(t, "inspect", "--json", key)
+	assertCode(t, freeJSON, 0)
+	var fj map[string]any
+	if err := json.Unmarshal([]byte(freeJSON.stdout), &fj); err != nil {
+		t.Fatalf("inspect --json: %v in %q", err, freeJSON.stdout)
+	}
+	if fj["held"] != false || fj["key"] != key || fj["owner"] != nil {
+		t.Errorf("inspect --json of a free lock: got %v, want held false, key %q, no owner", fj, key)
+	}
+
+	l := hold(t, key, dlock.WithTTL(time.Minute))
+	held := dlockRun(t, "inspect", key)
+	assertCode(t, held, 0)
+	for _, re := range []string{
+		`(?m)^key\s+` + regexpQuote(key) + `$`,
+		`(?m)^held\s+yes$`,
+		`(?m)^owner\s+` + l.Owner() + `$`,
+		fmt.Sprintf(`(?m)^fence\s+%d$`, l.Fence()),
+		`(?m)^ttl\s+[0-9.]+m?s$`,
+		`(?m)^count\s+1$`,
+		`(?m)^waiters\s+(unknown|[0-9]+)$`,
+	} {
+		if !regexpMatch(re, held.stdout) {
+			t.Errorf("inspect output %q does not match %s", held.stdout, re)
+		}
+	}
+	heldJSON := dlockRun(t, "inspect", "--json", key)
+	assertCode(t, heldJSON, 0)
+	var hj struct {
+		Key     string `json:"key"`
+		Held    bool   `json:"held"`
+		Owner   string `json:"owner"`
+		Fence   uint64 `json:"fence"`
+		TTLms   int64  `json:"ttl_ms"`
+		Count   int    `json:"count"`
+		Waiters *int   `json:"waiters"`
+		Backend string `json:"backend"`
+	}
+	if err := json.Unmarshal([]byte(heldJSON.stdout), &hj); err != nil {
+		t.Fatalf("inspect --json: %v in %q", err, heldJSON.stdout)
+	}
+	if !hj.Held || hj.Key != key || hj.Owner != l.Owner() || hj.Fence != l.Fence() || hj.Count != 1 || hj.Backend != "redis" {
+		t.Errorf("inspect --json: got %+v, want held by %q with fence %d, count 1, backend redis", hj, l.Owner(), l.Fence())
+	}
+	if hj.Waiters != nil && *hj.Waiters != 0 {
+		t.Errorf("inspect --json: waiters %d, want 0 or null (unknown)", *hj.Waiters)
+	}
+	if hj.TTLms <= 0 || hj.TTLms > time.Minute.Milliseconds() {
+		t.Errorf("ttl_ms: got %d, want in (0, 60000]", hj.TTLms)
+	}
+}
+
+func TestReleaseOwner(t *testing.T) {
+	t.Parallel()
+	key := keyFor(t)
+	l := hold(t, key)
+
+	wrong := dlockRun(t, "release", key, "--owner", "someone-else")
+	assertCode(t, wrong, 1)
+	if !strings.Contains(wrong.stderr, l.Owner()) || !strings.Contains(wrong.stderr, "nothing released") {
+		t.Errorf("stderr: got %q, want the holder %q and \"nothing released\"", wrong.stderr, l.Owner())
+	}
+	if info := inspect(t, key); info.Owner != l.Owner() {
+		t.Fatalf("after a release by the wrong owner: holder %q, want %q (intact)", info.Owner, l.Owner())
+	}
+	if l.Err() != nil {
+		t.Fatalf("lease after a refused release: %v, want held", l.Err())
+	}
+
+	right := dlockRun(t, "release", key, "--owner", l.Owner())
+	assertCode(t, right, 0)
+	if !strings.Contains(right.stdout, "released lock") || !strings.Contains(right.stdout, l.Owner()) {
+		t.Errorf("stdout: got %q, want a release message naming the owner", right.stdout)
+	}
+	assertFree(t, key)
+
+	again := dlockRun(t, "release", key, "--owner", l.Owner())
+	assertCode(t, again, 1)
+	if !strings.Contains(again.stderr, "not held") {
+		t.Errorf("stderr: got %q, want \"not held\"", again.stderr)
+	}
+}
+
+func TestReleaseForce(t *testing.T) {
+	t.Parallel()
+	key := keyFor(t)
+	l := hold(t, key, dlock.WithTTL(time.Second))
+	r := dlockRun(t, "release", key, "--force")
+	assertCode(t, r, 0)
+	if want := fmt.Sprintf("removed lock %q: owner %s, fence %d", key, l.Owner(), l.Fence()); !strings.Contains(r.stdout, want) {
+		t.Errorf("stdout: got %q, want %q", r.stdout, want)
+	}
+	assertFree(t, key)
+	// The holder finds out at its next renewal.
+	select {
+	case <-l.Done():
+		if !errors.Is(l.Err(), dlock.ErrLost) {
+			t.Errorf("holder's lease: got %v, want ErrLost", l.Err())
+		}
+	case <-time.After(5 * time.Second):
+		t.Errorf("holder's lease still held 5s after the force release")
+	}
+
+	none := dlockRun(t, "release", key, "--force", "--json")
+	assertCode(t, none, 0)
+	var j map[string]any
+	if err := json.Unmarshal([]byte(none.stdout), &j); err != nil {
+		t.Fatalf("release --json: %v in %q", err, none.stdout)
+	}
+	if j["held"] != false || j["action"] != "none" {
+		t.Errorf("release --force --json of a free lock: got %v, want held false, action none", j)
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string // in stderr
+	}{
+		{"run without args", []string{"run"}, "missing KEY"},
+		{"run without --", []string{"run", "k", "true"}, "missing --"},
+		{"run without command", []string{"run", "k", "--"}, "missing COMMAND"},
+		{"run key only", []string{"run", "k"}, "missing -- COMMAND"},
+		{"run without key", []string{"run", "--", "true"}, "missing KEY"},
+		{"run two keys", []string{"run", "a", "b", "--", "true"}, "one KEY"},
+		{"invalid ttl", []string{"run", "--ttl", "soon", "k", "--", "true"}, "--ttl"},
+		{"zero ttl", []string{"run", "--ttl", "0s", "k", "--", "true"}, "--ttl"},
+		{"negative wait", []string{"run", "--wait", "-1s", "k", "--", "true"}, "--wait"},
+		{"invalid wait", []string{"run", "--wait", "later", "k", "--", "true"}, "--wait"},
+		{"negative grace", []string{"run", "--grace", "-1s", "k", "--", "true"}, "--grace"},
+		{"invalid timeout", []string{"--timeout", "0s", "inspect", "k"}, "--timeout"},
+		{"exit code out of range", []string{"run", "--conflict-exit-code", "300", "k", "--", "true"}, "--conflict-exit-code"},
+		{"unknown flag", []string{"run", "--frobnicate", "k", "--", "true"}, "frobnicate"},
+		{"unknown command", []string{"frobnicate"}, "frobnicate"},
+		{"inspect without key", []string{"inspect"}, "KEY"},
+		{"release neither", []string{"release", "k"}, "--owner"},
+		{"release both", []string{"release", "k", "--owner", "o", "--force"}, "--owner"},
+		{"unknown scheme", []string{"--backend", "mongodb://h:1", "inspect", "k"}, `unknown scheme "mongodb"`},
+		{"no scheme", []string{"--backend", "127.0.0.1:6379", "inspect", "k"}, "SCHEME://"},
+		{"empty host list", []string{"--backend", "redis+cluster://", "inspect", "k"}, "no host"},
+		{"empty host in list", []string{"--backend", "redlock://a:1,,c:3", "inspect", "k"}, "empty host"},
+		{"bad port", []string{"--backend", "redis://h:99999", "inspect", "k"}, "port"},
+		{"port not a number", []string{"--backend", "etcd://a:1,b:x", "inspect", "k"}, `malformed host "b:x"`},
+		{"two hosts for redis", []string{"--backend", "redis://a:1,b:2", "inspect", "k"}, "one host"},
+		{"bad db", []string{"--backend", "redis://a:1/x", "inspect", "k"}, "database"},
+		{"sentinel without master", []string{"--backend", "redis+sentinel://a:1,b:2", "inspect", "k"}, "master"},
+		{"redis query", []string{"--backend", "redis://a:1?foo=bar", "inspect", "k"}, "query"},
+		{"redlock even", []string{"--backend", "redlock://a,b,c,d", "inspect", "k"}, "odd number"},
+		{"redlock one node", []string{"--backend", "redlock://a", "inspect", "k"}, "odd number"},
+		{"redlock duplicate", []string{"--backend", "redlock://a,b,a:6379", "inspect", "k"}, "twice"},
+		{"redlock node timeout", []string{"--backend", "redlock://a,b,c?node_timeout=fast", "inspect", "k"}, "node_timeout"},
+		{"verify unknown fault", []string{"verify", "--faults", "bogus"}, `unknown fault "bogus"`},
+		{"verify zero workers", []string{"verify", "--workers", "0"}, "workers"},
+		{"verify unreachable backend", []string{"--backend", "redis://127.0.0.1:1", "--timeout", "1s", "verify", "--duration", "4s", "--ttl", "200ms"}, "127.0.0.1:1"},
+		{"bad backend via env", nil, `unknown scheme "nope"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var r result
+			if tc.args == nil {
+				cmd := exec.Command(bin, "inspect", "k")
+				cmd.Env = append(os.Environ(), "DLOCK_BACKEND=nope://x")
+				var out, errb bytes.Buffer
+				cmd.Stdout, cmd.Stderr = &out, &errb
+				if err := cmd.Start(); err != nil {
+					t.Fatal(err)
+				}
+				r = waitResult(t, cmd, &out, &errb, time.Now(), time.Minute)
+			} else {
+				r = dlockRun(t, tc.args...)
+			}
+			assertCode(t, r, 2)
+			if !strings.Contains(r.stderr, tc.want) || !strings.HasPrefix(r.stderr, "dlock: ") {
+				t.Errorf("stderr: got %q, want it to start with \"dlock: \" and contain %q", r.stderr, tc.want)
+			}
+			if r.took > 5*time.Second {
+				t.Errorf("took %v, want a prompt usage error", r.took)
+			}
+		})
+	}
+}
+
+func TestPasswordRedacted(t *testing.T) {
+	t.Parallel()
+	r := dlockRun(t, "--backend", "redis://user:s3cret@h:1,x:2", "inspect", "k")
+	assertCode(t, r, 2)
+	if strings.Contains(r.stderr, "s3cret") {
+		t.Errorf("stderr shows the password: %q", r.stderr)
+	}
+}
+
+func TestUnreachable(t *testing.T) {
+	t.Parallel()
+	port, port2, port3 := freePort(t), freePort(t), freePort(t)
+	for _, tc := range []struct {
+		name string
+		url  string
+	}{
+		{"redis", fmt.Sprintf("redis://127.0.0.1:%d", port)},
+		{"sentinel", fmt.Sprintf("redis+sentinel://127.0.0.1:%d/mymaster", port)},
+		{"cluster", fmt.Sprintf("redis+cluster://127.0.0.1:%d", port)},
+		{"redlock", fmt.Sprintf("redlock://127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d", port, port2, port3)},
+		{"etcd", fmt.Sprintf("etcd://127.0.0.1:%d", port)},
+		{"zk", fmt.Sprintf("zk://127.0.0.1:%d", port)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			for _, args := range [][]string{
+				{"run", "k", "--", "true"},
+				{"inspect", "k"},
+				{"release", "k", "--force"},
+			} {
+				r := dlockRun(t, append([]string{"--backend", tc.url, "--timeout", "1s"}, args...)...)
+				if r.code == 1 && strings.Contains(r.stderr, "not available in this build") {
+					t.Skipf("%s: %s", tc.name, strings.TrimSpace(r.stderr))
+				}
+				assertCode(t, r, 2)
+				if !strings.Contains(r.stderr, fmt.Sprint(port)) {
+					t.Errorf("%v: stderr %q does not name the server", args, r.stderr)
+				}
+				if r.took > 4*time.Second {
+					t.Errorf("%v: took %v with --timeout 1s", args, r.took)
+				}
+			}
+		})
+	}
+}
+
+func TestServerNotAnswering(t *testing.T) {
+	t.Parallel()
+	own, err := testserver.StartRedis(testserver.RedisOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = own.Stop() })
+	if err := own.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = own.Resume() })
+	for _, args := range [][]string{
+		{"run", "k", "--", "true"},
+		{"run", "--wait", "10s", "k", "--", "true"},
+		{"inspect", "k"},
+	} {
+		r := dlockRun(t, append([]string{"--backend", "redis://" + own.Addr(), "--timeout", "500ms"}, args...)...)
+		assertCode(t, r, 2)
+		if !strings.Contains(r.stderr, "did not answer within 500ms") {
+			t.Errorf("%v: stderr %q, want \"did not answer within 500ms\"", args, r.stderr)
+		}
+		if r.took > 3*time.Second {
+			t.Errorf("%v: took %v with --timeout 500ms", args, r.took)
+		}
+	}
+}
+
+func TestHelp(t *testing.T) {
+	t.Parallel()
+	r := dlockRun(t, "--help")
+	assertCode(t, r, 0)
+	for _, want := range []string{"dlock run", "redis+sentinel://", "redlock://", "zk://", "Exit codes", "75", "76"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("dlock --help does not mention %q", want)
+		}
+	}
+	r = dlockRun(t, "run", "--help")
+	assertCode(t, r, 0)
+	for _, want := range []string{"DLOCK_FENCE", "--conflict-exit-code", "--lost-exit-code", "--grace", "crontab"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("dlock run --help does not mention %q", want)
+		}
+	}
+}
+
+func TestDemo(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the demo takes tens of seconds")
+	}
+	t.Parallel()
+	cmd := exec.Command(bin, "demo", "--json")
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	r := waitResult(t, cmd, &out, &errb, time.Now(), 3*time.Minute)
+	var rep struct {
+		OK    bool `json:"ok"`
+		Parts []struct {
+			ID      string         `json:"id"`
+			Status  string         `json:"status"`
+			Summary string         `json:"summary"`
+			Details []string       `json:"details"`
+			Facts   map[string]any `json:"facts"`
+			Rows    []struct {
+				Backend  string `json:"backend"`
+				Handoffs int64  `json:"handoffs"`
+				Overlaps int64  `json:"overlaps"`
+				Skipped  string `json:"skipped"`
+			} `json:"backends"`
+		} `json:"parts"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
+		t.Fatalf("demo --json: %v; stdout %q, stderr %q", err, r.stdout, r.stderr)
+	}
+	assertCode(t, r, 0)
+	if !rep.OK || len(rep.Parts) != 5 {
+		t.Fatalf("demo report: ok %v with %d parts, want ok with 5", rep.OK, len(rep.Parts))
+	}
+	for i, p := range rep.Parts {
+		if want := string(rune('a' + i)); p.ID != want {
+			t.Errorf("part %d: got id %q, want %q", i, p.ID, want)
+		}
+		mustRun := p.ID == "a" || p.ID == "b" || p.ID == "c" || p.ID == "e"
+		if p.Status != "PASS" && (mustRun || p.Status != "SKIP") {
+			t.Errorf("part (%s): %s: %s %v", p.ID, p.Status, p.Summary, p.Details)
+		}
+	}
+	a := rep.Parts[0].Facts
+	if a["dlock_orders"] != float64(100) || a["dlock_stock_left"] != float64(0) {
+		t.Errorf("part (a) with dlock: orders %v, stock %v; want 100 and 0", a["dlock_orders"], a["dlock_stock_left"])
+	}
+	if n, _ := a["nolock_orders"].(float64); n <= 100 {
+		t.Errorf("part (a) without a lock: %v orders, want more than 100 (oversold)", a["nolock_orders"])
+	}
+	b := rep.Parts[1].Facts
+	if b["fenced_rejected"] != true {
+		t.Errorf("part (b): the fenced store did not reject the stale write: %v", b)
+	}
+	ran := map[string]bool{}
+	for _, row := range rep.Parts[4].Rows {
+		if row.Skipped == "" {
+			ran[row.Backend] = true
+			if row.Overlaps != 0 || row.Handoffs == 0 {
+				t.Errorf("part (e) %s: %d overlaps, %d hand-offs; want 0 and > 0", row.Backend, row.Overlaps, row.Handoffs)
+			}
+		}
+	}
+	if !ran["memlock"] || !ran["redis"] {
+		t.Errorf("part (e) ran %v, want at least memlock and redis", ran)
+	}
+}
+
+func regexpMatch(re, s string) bool { return regexp.MustCompile(re).MatchString(s) }
+
+func regexpQuote(s string) string { return regexp.QuoteMeta(s) }
+
+// TestVerify runs `dlock verify` end to end: worker processes re-executed
+// from this binary, a pause fault, the negative control on the naive
+// register.
+func TestVerify(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs an 8 s verification")
+	}
+	out := t.TempDir()
+	cmd := exec.Command(bin, "verify", "--faults", "pause", "--duration", "8s", "--runs", "1", "--workers", "3", "--ttl", "400ms", "--out", out)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("dlock verify: %v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
+	}
+	if !strings.Contains(stdout.String(), "PASS") {
+		t.Fatalf("verify report without PASS:\n%s", stdout.String())
+	}
+	if _, err := os.Stat(out + "/report.md"); err != nil {
+		t.Fatalf("report.md not written: %v", err)
+	}
+}
