@@ -109,6 +109,7 @@ It prints a report with a table and exits 0 when every part behaved as expected
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the report as JSON")
 	cmd.Flags().StringVar(&only, "only", "", `run only these parts, e.g. "ab" (default all)`)
+	g.addMetricsFlag(cmd)
 	return cmd
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"github.com/spf13/cobra"
 	"time"
 
 	"github.com/dlock-go/dlock"
@@ -44,5 +45,16 @@ func (w *waitValue) Type() string { return "duration" }
 // Prometheus exporter) registers on the commands that hold locks (run,
 // demo) and adds its meter provider here.
 func (g *globals) clientOptions(opts ...dlock.Option) []dlock.Option {
-	return append([]dlock.Option{dlock.WithReleaseTimeout(g.timeout)}, opts...)
+	base := []dlock.Option{dlock.WithReleaseTimeout(g.timeout)}
+	if g.metrics != nil {
+		base = append(base, g.metrics.opt)
+	}
+	return append(base, opts...)
+}
+
+// addMetricsFlag registers --metrics-addr on cmd and starts the endpoint
+// before cmd runs.
+func (g *globals) addMetricsFlag(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&g.metricsAddr, "metrics-addr", "", "serve lock metrics (OpenTelemetry, Prometheus text format) on this address at /metrics, e.g. 127.0.0.1:9464; default off")
+	cmd.PreRunE = func(cmd *cobra.Command, _ []string) error { return g.startMetrics(cmd.ErrOrStderr()) }
 }

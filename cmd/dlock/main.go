@@ -41,8 +41,10 @@ func main() {
 
 // globals are the flags every command shares.
 type globals struct {
-	backend string        // --backend URL
-	timeout time.Duration // --timeout for connecting and each server operation
+	backend     string        // --backend URL
+	timeout     time.Duration // --timeout for connecting and each server operation
+	metricsAddr string        // --metrics-addr (run, demo): serve Prometheus metrics
+	metrics     *metrics      // the running metrics endpoint, if any
 }
 
 // spec parses the backend URL and validates --timeout.
@@ -94,7 +96,10 @@ func schemeHelp() string {
 
 // newRootCmd builds the command tree writing to stdout and stderr.
 func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
-	g := &globals{}
+	return newRootCmdWith(&globals{}, stdout, stderr)
+}
+
+func newRootCmdWith(g *globals, stdout, stderr io.Writer) *cobra.Command {
 	root := &cobra.Command{
 		Use:           "dlock",
 		Short:         "Distributed locks from the shell",
@@ -134,9 +139,11 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 
 // execute runs the command line args and returns the process exit code.
 func execute(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	root := newRootCmd(stdout, stderr)
+	g := &globals{}
+	root := newRootCmdWith(g, stdout, stderr)
 	root.SetArgs(args)
 	cmd, err := root.ExecuteContextC(ctx)
+	g.stopMetrics()
 	if err == nil {
 		return exitOK
 	}

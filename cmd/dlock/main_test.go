@@ -9,7 +9,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -1081,5 +1083,57 @@ func TestVerify(t *testing.T) {
 	}
 	if _, err := os.Stat(out + "/report.md"); err != nil {
 		t.Fatalf("report.md not written: %v", err)
+	}
+}
+
+// TestMetricsAddr scrapes --metrics-addr of a running `dlock run` and
+// finds the documented metric names.
+func TestMetricsAddr(t *testing.T) {
+	key := "metrics:" + t.Name()
+	cmd := exec.Command(bin, "--backend", "redis://"+srv.Addr(), "run", "--metrics-addr", "127.0.0.1:0", "--ttl", "900ms", key, "--", "sleep", "2")
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	line, err := bufio.NewReader(stderr).ReadString('\n')
+	if err != nil {
+		t.Fatalf("reading the metrics address: %v", err)
+	}
+	const prefix = "dlock: metrics on "
+	if !strings.HasPrefix(line, prefix) {
+		t.Fatalf("first stderr line: got %q, want %q…", line, prefix)
+	}
+	url := strings.TrimSpace(strings.TrimPrefix(line, prefix))
+	// The lease is renewed every TTL/3: scrape once a renewal happened.
+	var body string
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := http.Get(url)
+		if err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			body = string(b)
+			if strings.Contains(body, `dlock_renewals_total{dlock_backend="redis"`) && !strings.Contains(body, `dlock_renewals_total{dlock_backend="redis"} 0`) {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no renewal in the scraped metrics within 10s (err %v):\n%s", err, body)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for _, name := range []string{
+		`dlock_acquisitions_total{dlock_backend="redis",dlock_outcome="acquired"} 1`,
+		`dlock_leases_held{dlock_backend="redis"} 1`,
+		"dlock_acquire_duration_seconds_bucket",
+		"dlock_leases_lost_total",
+	} {
+		if !strings.Contains(body, name) {
+			t.Errorf("scrape lacks %q:\n%s", name, body)
+		}
 	}
 }

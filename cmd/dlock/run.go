@@ -88,6 +88,7 @@ func newRunCmd(g *globals) *cobra.Command {
 	fl.StringVar(&f.owner, "owner", "", "hold the lock as this owner id (default: a random token per run); a run with the same id re-enters the lock instead of conflicting")
 	fl.BoolVar(&f.fifo, "fifo", false, "with --wait: wait in a server-side queue, served in arrival order (redis; etcd and ZooKeeper always queue)")
 	fl.BoolVarP(&f.quiet, "quiet", "q", false, "print nothing when the lock is held by another owner")
+	g.addMetricsFlag(cmd)
 	return cmd
 }
 
