@@ -1,0 +1,139 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// childEnv names the environment variable that turns this binary into an
+// S5 measurement child: it measures one subject and prints the figures.
+const childEnv = "DLOCK_BENCH_CHILD"
+
+type childSpec struct {
+	Subject   string        `json:"subject"`
+	Addrs     addrs         `json:"addrs"`
+	Run       int           `json:"run"`
+	Quick     bool          `json:"quick"`
+	Leases    int           `json:"leases"`
+	TTL       time.Duration `json:"ttl"`
+	Hold      time.Duration `json:"hold"`
+	FillMax   time.Duration `json:"fill_max"`
+	Poll      time.Duration `json:"poll"`
+	OpTimeout time.Duration `json:"op_timeout"`
+}
+
+const resultPrefix = "RESULT "
+
+// runChild measures what spec says and prints one RESULT line.
+func runChild(raw string) error {
+	var spec childSpec
+	if err := json.Unmarshal([]byte(raw), &spec); err != nil {
+		return err
+	}
+	s := subjectByID(spec.Subject)
+	if s == nil {
+		return fmt.Errorf("unknown subject %q", spec.Subject)
+	}
+	e := newEnv(func(string, ...any) {})
+	e.a = spec.Addrs
+	c := fullConfig()
+	c.quick, c.poll = spec.Quick, spec.Poll
+	c.s5Leases, c.s5TTL, c.s5Hold, c.s5FillMax = spec.Leases, spec.TTL, spec.Hold, spec.FillMax
+	opTimeout = spec.OpTimeout
+	m, err := measureS5Local(e, c, s, spec.Run)
+	if err != nil {
+		return err
+	}
+	for k, v := range m { // JSON has no NaN
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			delete(m, k)
+		}
+	}
+	b, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(os.Stdout, resultPrefix+string(b))
+	return nil
+}
+
+// measureS5 runs measureS5Local in a child process.
+func measureS5(e *env, c config, s *subject, run int) (metrics, error) {
+	if r := s.reason(); r != "" {
+		return nil, unavailable("%s", r)
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	spec, err := json.Marshal(childSpec{
+		Subject: s.id, Addrs: e.a, Run: run, Quick: c.quick,
+		Leases: c.s5Leases, TTL: c.s5TTL, Hold: c.s5Hold, FillMax: c.s5FillMax,
+		Poll: c.poll, OpTimeout: opTimeout,
+	})
+	if err != nil {
+		return nil, err
+	}
+	// A child that hangs is stopped with SIGQUIT (its goroutines are dumped
+	// to the stderr that is reported) once it overruns its budget.
+	budget := c.s5FillMax + c.s5Hold + 5*time.Minute
+	ctx, cancel := context.WithTimeout(context.Background(), budget)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, exe)
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGQUIT) }
+	cmd.WaitDelay = 30 * time.Second
+	cmd.Env = append(os.Environ(), childEnv+"="+string(spec))
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	runErr := cmd.Run()
+	for _, line := range strings.Split(stdout.String(), "\n") {
+		if js, ok := strings.CutPrefix(line, resultPrefix); ok {
+			var m metrics
+			if err := json.Unmarshal([]byte(js), &m); err != nil {
+				return nil, err
+			}
+			return m, nil
+		}
+	}
+	msg := strings.TrimSpace(stdout.String())
+	if ctx.Err() != nil {
+		msg = fmt.Sprintf("did not finish within %v, stopped with SIGQUIT; %s", budget, msg)
+	}
+	if tail := firstLines(stderr.String(), 3); tail != "" {
+		msg = strings.TrimSpace(msg + " " + tail)
+	}
+	return nil, errors.New("child " + fmt.Sprint(runErr) + ": " + msg)
+}
+
+// firstLines returns the first n non-empty lines of s, joined by " / "
+// (a Go panic's message and where it happened).
+func firstLines(s string, n int) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if l = strings.TrimSpace(l); l != "" && !strings.HasPrefix(l, "redis:") {
+			out = append(out, l)
+			if len(out) == n {
+				break
+			}
+		}
+	}
+	return strings.Join(out, " / ")
+}
+
+func subjectByID(id string) *subject {
+	for _, s := range subjects() {
+		if s.id == id {
+			return s
+		}
+	}
+	return nil
+}

@@ -1,0 +1,590 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// config holds the sizes and durations of a run. Every figure is a median
+// over runs; the runs of the subjects of a scenario are interleaved (run 1
+// of every subject, then run 2, ...) so that a noisy moment of the machine
+// does not fall on one subject only.
+type config struct {
+	quick bool
+	runs  int           // repetitions of S1, S2, S3, S6
+	ttl   time.Duration // lease TTL in S1, S2, S3, S6
+	poll  time.Duration // retry interval of the polling subjects
+
+	s1Dur time.Duration
+
+	s2Dur     time.Duration
+	s2Workers int
+
+	s3Dur     time.Duration
+	s3Workers int
+	s3Hold    time.Duration
+
+	s4TTL  time.Duration
+	s4Reps int
+
+	s5Leases  int
+	s5Hold    time.Duration
+	s5TTL     time.Duration
+	s5FillMax time.Duration // the fill phase stops here, with what it got
+
+	s6Dur  time.Duration
+	s6Down int
+}
+
+func fullConfig() config {
+	return config{
+		runs: 5, ttl: 10 * time.Second, poll: 2 * time.Millisecond,
+		s1Dur: 2 * time.Second,
+		s2Dur: 2 * time.Second, s2Workers: 32,
+		s3Dur: 3 * time.Second, s3Workers: 16, s3Hold: 100 * time.Microsecond,
+		s4TTL: 2 * time.Second, s4Reps: 5,
+		s5Leases: 100_000, s5Hold: 60 * time.Second, s5TTL: 10 * time.Second, s5FillMax: 3 * time.Minute,
+		s6Dur: 2 * time.Second, s6Down: 2,
+	}
+}
+
+func quickConfig() config {
+	c := fullConfig()
+	c.quick = true
+	c.runs = 1
+	c.s1Dur, c.s2Dur, c.s3Dur, c.s6Dur = 300*time.Millisecond, 300*time.Millisecond, time.Second, 300*time.Millisecond
+	c.s4Reps = 1
+	c.s3Dur = 700 * time.Millisecond
+	// A shorter TTL so that the short hold still sees renewals.
+	c.s5Leases, c.s5TTL, c.s5Hold, c.s5FillMax = 500, 2*time.Second, 2*time.Second, 10*time.Second
+	return c
+}
+
+// metrics are one run's figures by name.
+type metrics map[string]float64
+
+// opTimeout bounds one lock operation that should never take long (an
+// uncontended acquire, a release); -quick lowers it.
+var opTimeout = 30 * time.Second
+
+// opCtx returns a context bounded by opTimeout.
+func opCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), opTimeout)
+}
+
+// cycle takes and releases key once.
+func cycle(l locker, key string) error {
+	ctx, cancel := opCtx()
+	defer cancel()
+	h, err := l.lock(ctx, key)
+	if err != nil {
+		return fmt.Errorf("lock: %w", err)
+	}
+	if err := h.unlock(ctx); err != nil {
+		return fmt.Errorf("unlock: %w", err)
+	}
+	return nil
+}
+
+// countStart zeroes the client counter and the servers' statistics after
+// the warm-up.
+func countStart(e *env, s *subject, c *counter) error {
+	c.requests.Store(0)
+	c.commands.Store(0)
+	for _, a := range e.redisAddrs(s.server) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err := resetStats(ctx, a)
+		cancel()
+		if err != nil && s.server != srvRedis5 {
+			return err
+		}
+	}
+	return nil
+}
+
+// perOp adds the request figures of n operations to m.
+func perOp(e *env, s *subject, c *counter, n int64, m metrics) error {
+	if n == 0 {
+		return nil
+	}
+	if s.server != srvMem {
+		m["req/op"] = float64(c.requests.Load()) / float64(n)
+	}
+	cmds, ok, err := e.serverCommands(s.server)
+	if err != nil {
+		return err
+	}
+	if ok {
+		m["srv/op"] = float64(cmds) / float64(n)
+	}
+	return nil
+}
+
+// ---- S1: uncontended ----
+
+// measureS1: one goroutine takes and releases one key in a loop.
+func measureS1(e *env, c config, s *subject, run int) (metrics, error) {
+	return measureSerial(e, c, s, run, "s1", c.s1Dur)
+}
+
+func measureSerial(e *env, c config, s *subject, run int, name string, dur time.Duration) (metrics, error) {
+	cnt := &counter{}
+	l, err := s.open(e, openOpts{ttl: c.ttl, poll: c.poll, count: cnt})
+	if err != nil {
+		return nil, err
+	}
+	defer l.close()
+	key := fmt.Sprintf("%s-%s-%d", name, s.id, run)
+	warm := 20
+	if s.server == srvRedis5 && c.quick {
+		warm = 1 // S6: a cycle with nodes down takes up to 1 s
+	}
+	for range warm { // warm-up: connections, script cache
+		if err := cycle(l, key); err != nil {
+			return nil, err
+		}
+	}
+	if err := countStart(e, s, cnt); err != nil {
+		return nil, err
+	}
+	lat := make([]time.Duration, 0, 1<<16)
+	acq := make([]time.Duration, 0, 1<<16)
+	var errs int
+	var firstErr error
+	start := time.Now()
+	for time.Since(start) < dur {
+		ctx, cancel := opCtx()
+		t := time.Now()
+		h, err := l.lock(ctx, key)
+		if err != nil {
+			cancel()
+			errs++
+			firstErr = cmp(firstErr, err)
+			continue
+		}
+		a := time.Since(t)
+		err = h.unlock(ctx)
+		cancel()
+		if err != nil {
+			errs++
+			firstErr = cmp(firstErr, err)
+			continue
+		}
+		lat = append(lat, time.Since(t))
+		acq = append(acq, a)
+	}
+	elapsed := time.Since(start)
+	n := int64(len(lat))
+	if n == 0 {
+		return nil, fmt.Errorf("no successful cycle: %w", firstErr)
+	}
+	m := metrics{
+		"ops/s":   float64(n) / elapsed.Seconds(),
+		"p50":     micros(percentile(lat, 50)),
+		"p99":     micros(percentile(lat, 99)),
+		"acq p50": micros(percentile(acq, 50)),
+		"acq p99": micros(percentile(acq, 99)),
+		"errors":  float64(errs),
+	}
+	return m, perOp(e, s, cnt, n, m)
+}
+
+func cmp(first, err error) error {
+	if first != nil {
+		return first
+	}
+	return err
+}
+
+// ---- S2: parallel ----
+
+// measureS2: c.s2Workers goroutines share one client, each on its own key.
+func measureS2(e *env, c config, s *subject, run int) (metrics, error) {
+	cnt := &counter{}
+	l, err := s.open(e, openOpts{ttl: c.ttl, poll: c.poll, count: cnt})
+	if err != nil {
+		return nil, err
+	}
+	defer l.close()
+	keys := make([]string, c.s2Workers)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("s2-%s-%d-%d", s.id, run, i)
+	}
+	var wg sync.WaitGroup
+	errc := make(chan error, len(keys))
+	for _, k := range keys { // warm-up, in parallel so the pool fills
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 5 {
+				if err := cycle(l, k); err != nil {
+					errc <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	select {
+	case err := <-errc:
+		return nil, err
+	default:
+	}
+	if err := countStart(e, s, cnt); err != nil {
+		return nil, err
+	}
+	var ops, errs atomic.Int64
+	start := time.Now()
+	for _, k := range keys {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Since(start) < c.s2Dur {
+				if err := cycle(l, k); err != nil {
+					errs.Add(1)
+					select {
+					case errc <- err:
+					default:
+					}
+					continue
+				}
+				ops.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if ops.Load() == 0 {
+		return nil, fmt.Errorf("no successful cycle: %w", <-errc)
+	}
+	m := metrics{"ops/s": float64(ops.Load()) / elapsed.Seconds(), "errors": float64(errs.Load())}
+	return m, perOp(e, s, cnt, ops.Load(), m)
+}
+
+// ---- S3: contended ----
+
+// measureS3: c.s3Workers goroutines, each with its own client (as separate
+// processes would have), take one key in turns and hold it c.s3Hold.
+func measureS3(e *env, c config, s *subject, run int) (metrics, error) {
+	cnt := &counter{}
+	W := c.s3Workers
+	lockers := make([]locker, 0, W)
+	defer func() {
+		for _, l := range lockers {
+			_ = l.close()
+		}
+	}()
+	for range W {
+		l, err := s.open(e, openOpts{ttl: c.ttl, poll: c.poll, count: cnt})
+		if err != nil {
+			return nil, err
+		}
+		lockers = append(lockers, l)
+	}
+	for i, l := range lockers { // warm-up: connections, scripts, sessions
+		if err := cycle(l, fmt.Sprintf("s3w-%s-%d-%d", s.id, run, i)); err != nil {
+			return nil, err
+		}
+	}
+	if err := countStart(e, s, cnt); err != nil {
+		return nil, err
+	}
+	key := fmt.Sprintf("s3-%s-%d", s.id, run)
+	var (
+		stop                   atomic.Bool
+		inCS                   atomic.Int32
+		overlaps, handoffs     atomic.Int64
+		last                   atomic.Int64
+		errs                   atomic.Int64
+		firstErr               atomic.Pointer[error]
+		acq                    = make([]int64, W)
+		waits                  = make([][]time.Duration, W)
+		wg                     sync.WaitGroup
+		startc                 = make(chan struct{})
+		ctx, cancel            = context.WithCancel(context.Background())
+		recordErr              = func(err error) { errs.Add(1); firstErr.CompareAndSwap(nil, &err) }
+		holdSum                atomic.Int64
+		acquiredAfterStopCount atomic.Int64
+	)
+	defer cancel()
+	last.Store(-1)
+	for i, l := range lockers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-startc
+			for !stop.Load() {
+				t := time.Now()
+				h, err := l.lock(ctx, key)
+				if err != nil {
+					if !stop.Load() {
+						recordErr(err)
+					}
+					return
+				}
+				w := time.Since(t)
+				if !stop.Load() {
+					if inCS.Add(1) != 1 {
+						overlaps.Add(1)
+					}
+					if prev := last.Swap(int64(i)); prev >= 0 && prev != int64(i) {
+						handoffs.Add(1)
+					}
+					acq[i]++
+					waits[i] = append(waits[i], w)
+					hs := time.Now()
+					spin(c.s3Hold)
+					holdSum.Add(int64(time.Since(hs)))
+					inCS.Add(-1)
+				} else {
+					acquiredAfterStopCount.Add(1)
+				}
+				uctx, ucancel := opCtx()
+				err = h.unlock(uctx)
+				ucancel()
+				if err != nil && !stop.Load() {
+					recordErr(err)
+				}
+			}
+		}()
+	}
+	start := time.Now()
+	close(startc)
+	time.Sleep(c.s3Dur)
+	stop.Store(true)
+	elapsed := time.Since(start)
+	reqs := cnt.requests.Load()
+	cmds, isRedis, cerr := e.serverCommands(s.server)
+	cancel()
+	wg.Wait()
+	if cerr != nil {
+		return nil, cerr
+	}
+
+	var total int64
+	var all []time.Duration
+	for i := range acq {
+		total += acq[i]
+		all = append(all, waits[i]...)
+	}
+	if total == 0 {
+		if p := firstErr.Load(); p != nil {
+			return nil, fmt.Errorf("no acquisition: %w", *p)
+		}
+		return nil, errors.New("no acquisition")
+	}
+	cycleTime := elapsed / time.Duration(total)
+	m := metrics{
+		"acq/s":      float64(total) / elapsed.Seconds(),
+		"handoffs/s": float64(handoffs.Load()) / elapsed.Seconds(),
+		"p50 wait":   micros(percentile(all, 50)) / 1000,
+		"p99 wait":   micros(percentile(all, 99)) / 1000,
+		"max wait":   micros(percentile(all, 100)) / 1000,
+		"jain":       jain(acq),
+		"overlaps":   float64(overlaps.Load()),
+		"errors":     float64(errs.Load()),
+		"hold":       micros(time.Duration(holdSum.Load() / total)),
+		"ideal wait": micros(time.Duration(W)*cycleTime) / 1000,
+	}
+	if s.server != srvMem {
+		m["req/op"] = float64(reqs) / float64(total)
+	}
+	if isRedis {
+		m["srv/op"] = float64(cmds) / float64(total)
+	}
+	return m, nil
+}
+
+// ---- S5: scale ----
+
+// measureS5Local: one client takes c.s5Leases locks with its auto-renewal
+// and keeps them c.s5Hold; it measures renewal traffic, CPU and heap. It
+// runs in a child process (measureS5), so that the heap and CPU figures are
+// the subject's alone and a library that crashes takes only its own
+// measurement down.
+func measureS5Local(e *env, c config, s *subject, run int) (metrics, error) {
+	cnt := &counter{}
+	prefix := fmt.Sprintf("s5-%s-%d-", s.id, run)
+	keys := make([]string, c.s5Leases)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("%s%06d", prefix, i)
+	}
+	hs := make([]held, len(keys))
+	l, err := s.open(e, openOpts{ttl: c.s5TTL, poll: c.poll, count: cnt})
+	if err != nil {
+		return nil, err
+	}
+	defer l.close()
+	if err := cycle(l, prefix+"warm"); err != nil {
+		return nil, err
+	}
+	m0 := memStats()
+
+	// Fill, 64 at a time, until done or c.s5FillMax.
+	var next atomic.Int64
+	var failed atomic.Int64
+	var firstErr atomic.Pointer[error]
+	fillStart := time.Now()
+	var wg sync.WaitGroup
+	for range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Since(fillStart) < c.s5FillMax {
+				i := int(next.Add(1) - 1)
+				if i >= len(keys) {
+					return
+				}
+				ctx, cancel := opCtx()
+				h, err := l.lock(context.WithoutCancel(ctx), keys[i])
+				cancel()
+				if err != nil {
+					failed.Add(1)
+					firstErr.CompareAndSwap(nil, &err)
+					continue
+				}
+				hs[i] = h
+			}
+		}()
+	}
+	wg.Wait()
+	fill := time.Since(fillStart)
+	var n int
+	for _, h := range hs {
+		if h != nil {
+			n++
+		}
+	}
+	if n == 0 {
+		if p := firstErr.Load(); p != nil {
+			return nil, fmt.Errorf("no lease taken: %w", *p)
+		}
+		return nil, errors.New("no lease taken")
+	}
+	m1 := memStats()
+
+	if err := countStart(e, s, cnt); err != nil {
+		return nil, err
+	}
+	cpu0 := cpuTime()
+	time.Sleep(c.s5Hold)
+	cpu := cpuTime() - cpu0
+	reqs := cnt.requests.Load()
+	cmds, isRedis, err := e.serverCommands(s.server)
+	if err != nil {
+		return nil, err
+	}
+	lost := 0
+	for _, h := range hs {
+		if h != nil && h.lost() {
+			lost++
+		}
+	}
+	m := metrics{
+		"leases":      float64(n),
+		"fill s":      fill.Seconds(),
+		"cpu s":       cpu.Seconds(),
+		"heap B/l":    float64(int64(m1.heap)-int64(m0.heap)) / float64(n),
+		"stack B/l":   max(0, float64(int64(m1.stack)-int64(m0.stack))/float64(n)),
+		"goroutines":  float64(m1.goroutines - m0.goroutines),
+		"lost":        float64(lost),
+		"fill errors": float64(failed.Load()),
+	}
+	if s.server != srvMem {
+		tick := c.s5TTL / 3
+		rps := float64(reqs) / c.s5Hold.Seconds()
+		m["rt/s"] = rps
+		m["rt/1k/tick"] = rps * tick.Seconds() / (float64(n) / 1000)
+	}
+	if isRedis {
+		m["srv/s"] = float64(cmds) / c.s5Hold.Seconds()
+	}
+	if s.serverKeys != nil {
+		k, err := s.serverKeys(e, prefix)
+		if err != nil {
+			return nil, fmt.Errorf("counting locks on the server: %w", err)
+		}
+		m["on server"] = float64(k)
+	}
+
+	// Release everything, 64 at a time.
+	next.Store(0)
+	for range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= len(hs) {
+					return
+				}
+				if hs[i] == nil {
+					continue
+				}
+				ctx, cancel := opCtx()
+				_ = hs[i].unlock(ctx)
+				cancel()
+			}
+		}()
+	}
+	wg.Wait()
+	return m, nil
+}
+
+type mem struct {
+	heap, stack uint64
+	goroutines  int
+}
+
+func memStats() mem {
+	runtime.GC()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return mem{heap: ms.HeapAlloc, stack: ms.StackInuse, goroutines: runtime.NumGoroutine()}
+}
+
+// cpuTime is the process' user + system CPU time.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// ---- S6: degraded Redlock ----
+
+// measureS6: S1's loop on five Redis nodes of which c.s6Down are stopped
+// (the scenario's setup stops them).
+func measureS6(e *env, c config, s *subject, run int) (metrics, error) {
+	return measureSerial(e, c, s, run, "s6", c.s6Dur)
+}
+
+// stopNodes kills the last n of the five Redis nodes and returns a function
+// that restarts them (empty: the servers run without persistence).
+func stopNodes(e *env, n int) (restart func() error, err error) {
+	rs, err := e.startRedis5()
+	if err != nil {
+		return nil, err
+	}
+	down := rs[len(rs)-n:]
+	for _, r := range down {
+		if err := r.Kill(); err != nil {
+			return nil, err
+		}
+	}
+	return func() error {
+		var errs []error
+		for _, r := range down {
+			errs = append(errs, r.Restart())
+		}
+		return errors.Join(errs...)
+	}, nil
+}
