@@ -17,6 +17,7 @@ type report struct {
 	machine  []string // CPU, memory, OS, Go
 	versions []string // servers
 	libs     []string // peer libraries and clients
+	notes    map[string][]string
 	results  []*result
 	skipped  []*scenario // scenarios not selected
 	charts   []chartRef
@@ -188,6 +189,9 @@ func (r *report) writeScenario(b *strings.Builder, res *result) {
 			}
 			w("\n")
 		}
+	}
+	for _, n := range r.notes[sc.id] {
+		w("Note: %s\n\n", n)
 	}
 	for _, c := range r.charts {
 		if c.scenario == sc.id {

@@ -12,17 +12,19 @@ import (
 // (results.json) so that the report can be rendered again (-render)
 // without measuring again: the figures stay those of the run.
 type saved struct {
-	Cmd      string         `json:"cmd"`
-	Config   savedConfig    `json:"config"`
-	Started  time.Time      `json:"started"`
-	Duration time.Duration  `json:"duration"`
-	LoadAvg  [2]string      `json:"load_avg"`
-	Machine  []string       `json:"machine"`
-	Versions []string       `json:"versions"`
-	Libs     []string       `json:"libraries"`
-	Results  []savedResult  `json:"results"`
-	Skipped  []string       `json:"skipped_scenarios"`
-	Extra    map[string]any `json:"extra,omitempty"`
+	Cmd      string        `json:"cmd"`
+	Config   savedConfig   `json:"config"`
+	Started  time.Time     `json:"started"`
+	Duration time.Duration `json:"duration"`
+	LoadAvg  [2]string     `json:"load_avg"`
+	Machine  []string      `json:"machine"`
+	Versions []string      `json:"versions"`
+	Libs     []string      `json:"libraries"`
+	Results  []savedResult `json:"results"`
+	Skipped  []string      `json:"skipped_scenarios"`
+	// Notes are remarks added to a scenario's section by hand after the
+	// run (by scenario id); they never change a figure.
+	Notes map[string][]string `json:"notes,omitempty"`
 }
 
 type savedResult struct {
@@ -86,7 +88,7 @@ func clean(m metrics) metrics {
 func (r *report) save(path string) error {
 	s := saved{
 		Cmd: r.cmd, Config: saveConfig(r.c), Started: r.started, Duration: r.duration, LoadAvg: r.loadAvg,
-		Machine: r.machine, Versions: r.versions, Libs: r.libs,
+		Machine: r.machine, Versions: r.versions, Libs: r.libs, Notes: r.notes,
 	}
 	for _, sc := range r.skipped {
 		s.Skipped = append(s.Skipped, sc.id)
@@ -121,7 +123,7 @@ func loadReport(path string) (*report, error) {
 	}
 	r := &report{
 		cmd: s.Cmd, c: s.Config.config(), started: s.Started, duration: s.Duration, loadAvg: s.LoadAvg,
-		machine: s.Machine, versions: s.Versions, libs: s.Libs,
+		machine: s.Machine, versions: s.Versions, libs: s.Libs, notes: s.Notes,
 	}
 	scs := map[string]*scenario{}
 	for _, sc := range allScenarios() {
