@@ -159,6 +159,12 @@ func (b *Backend) markLostLocked(h *held, cause error) lossList {
 	return l
 }
 
+// maxSelectWatches bounds the cases of one reflect.Select (Go allows at
+// most 65,536). With more held locks, each round serves a random subset
+// (map order); a watch not served yet keeps its event buffered, and a
+// loss is still found by the next renewal at the latest.
+const maxSelectWatches = 60000
+
 // lossLoop is the Backend's one goroutine serving every held entry's
 // deletion watch. Each watch is its own etcd watcher on one shared gRPC
 // stream; this goroutine selects over all their channels at once
@@ -176,8 +182,8 @@ func (b *Backend) lossLoop() {
 		cases = append(cases[:0],
 			reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(b.ctx.Done())},
 			reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(b.kick)})
-		for _, h := range b.held {
-			if h.wch != nil {
+		for _, h := range b.held { // map order: a different subset each round
+			if h.wch != nil && len(hs) < maxSelectWatches {
 				hs = append(hs, h)
 				cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(h.wch)})
 			}

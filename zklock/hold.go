@@ -320,8 +320,14 @@ func (b *Backend) loop() {
 		for _, h := range b.holds {
 			switch {
 			case h.watch != nil:
-				cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(h.watch)})
-				hs = append(hs, h)
+				// Go allows at most 65,536 select cases: with more held locks,
+				// each round serves a random subset (map order); a watch not
+				// served yet keeps its event, and the next Refresh finds a loss
+				// at the latest.
+				if len(hs) < maxSelectWatches {
+					cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(h.watch)})
+					hs = append(hs, h)
+				}
 			case h.armAt.IsZero() || h.arming:
 			case !now.Before(h.armAt):
 				h.arming = true
@@ -501,3 +507,6 @@ func (b *Backend) background(session int64, attempt func(ctx context.Context) (d
 		}
 	}()
 }
+
+// maxSelectWatches bounds the watch cases of one reflect.Select.
+const maxSelectWatches = 60000
