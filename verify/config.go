@@ -245,7 +245,7 @@ var localSchemes = []string{"redis", "redlock", "etcd", "zk"}
 func parseBackendURL(raw string, inProcess bool) (backendURL, error) {
 	scheme, rest, ok := strings.Cut(raw, "://")
 	if !ok || scheme == "" {
-		return backendURL{}, invalid("backend URL %q: want SCHEME://HOST..., e.g. redis://127.0.0.1:6379 or redis://local", redact(raw))
+		return backendURL{}, invalid("backend URL %q: want SCHEME://HOST..., e.g. redis://127.0.0.1:6379 or redis://local", RedactURL(raw))
 	}
 	u := backendURL{raw: raw, scheme: strings.ToLower(scheme)}
 	host, tail := rest, ""
@@ -253,11 +253,11 @@ func parseBackendURL(raw string, inProcess bool) (backendURL, error) {
 		host, tail = rest[:i], rest[i:]
 	}
 	if host == "" && !inProcess {
-		return backendURL{}, invalid("backend URL %q has no host", redact(raw))
+		return backendURL{}, invalid("backend URL %q has no host", RedactURL(raw))
 	}
 	if host == LocalHost && !inProcess {
 		if !slices.Contains(localSchemes, u.scheme) {
-			return backendURL{}, invalid("backend URL %q: the coordinator can start servers only for %s://local", redact(raw), strings.Join(localSchemes, "://local, "))
+			return backendURL{}, invalid("backend URL %q: the coordinator can start servers only for %s://local", RedactURL(raw), strings.Join(localSchemes, "://local, "))
 		}
 		u.local = true
 		u.tail = tail
@@ -284,8 +284,10 @@ func parseBackendURL(raw string, inProcess bool) (backendURL, error) {
 	return u, nil
 }
 
-// redact hides a URL's password in messages.
-func redact(raw string) string {
+// RedactURL returns raw with the password of its user info replaced by
+// "xxxxx", for messages; other strings are returned unchanged. The dlock
+// command uses it too.
+func RedactURL(raw string) string {
 	scheme, rest, ok := strings.Cut(raw, "://")
 	if !ok {
 		return raw

@@ -236,7 +236,7 @@ func probe(ctx context.Context, open OpenFunc, url, key string, ttl time.Duratio
 	defer cancel()
 	b, closeB, err := open(pctx, url)
 	if err != nil {
-		return fmt.Errorf("verify: open backend %s: %w", redact(url), err)
+		return fmt.Errorf("verify: open backend %s: %w", RedactURL(url), err)
 	}
 	c := dlock.New(b, dlock.WithTTL(ttl))
 	l, err := c.TryAcquire(pctx, key+"-probe")
@@ -251,7 +251,7 @@ func probe(ctx context.Context, open OpenFunc, url, key string, ttl time.Duratio
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		return fmt.Errorf("%w: %s: %w", ErrUnavailable, redact(url), err)
+		return fmt.Errorf("%w: %s: %w", ErrUnavailable, RedactURL(url), err)
 	}
 	return nil
 }
@@ -277,7 +277,7 @@ func (r *run) spec(worker, inc int, resAddr string, quiet bool) workerSpec {
 func (r *run) runInProcess(ctx context.Context, resAddr string) (err error) {
 	b, closeB, err := r.open(ctx, r.workerURL)
 	if err != nil {
-		return fmt.Errorf("verify: open backend %s: %w", redact(r.workerURL), err)
+		return fmt.Errorf("verify: open backend %s: %w", RedactURL(r.workerURL), err)
 	}
 	client := dlock.New(b, dlock.WithTTL(r.cfg.TTL))
 	defer func() {

@@ -95,7 +95,7 @@ func upstreams(raw, scheme string) ([]string, error) {
 		}
 		p, ok := defaultPorts[scheme]
 		if !ok {
-			return nil, invalid("fault %q: cannot tell the port of host %q in %s; write HOST:PORT", FaultProxy, h, redact(raw))
+			return nil, invalid("fault %q: cannot tell the port of host %q in %s; write HOST:PORT", FaultProxy, h, RedactURL(raw))
 		}
 		out = append(out, net.JoinHostPort(strings.Trim(h, "[]"), strconv.Itoa(p)))
 	}

@@ -123,7 +123,7 @@ func runWorker(ctx context.Context, spec workerSpec, open OpenFunc, shared *dloc
 	if client == nil {
 		b, closeB, err := open(ctx, spec.Backend)
 		if err != nil {
-			return fmt.Errorf("verify: worker %s: open backend %s: %w", spec.Proc, redact(spec.Backend), err)
+			return fmt.Errorf("verify: worker %s: open backend %s: %w", spec.Proc, RedactURL(spec.Backend), err)
 		}
 		client = dlock.New(b, dlock.WithTTL(spec.TTL))
 		defer func() {

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/dlock-go/dlock/verify"
 )
 
 // defaultBackend is used when neither --backend nor DLOCK_BACKEND is set.
@@ -48,34 +50,13 @@ type backendSpec struct {
 }
 
 // redacted returns the URL with its password replaced, for messages.
-func (s *backendSpec) redacted() string { return redactURL(s.raw) }
-
-// redactURL hides the password of a URL-shaped string, for messages.
-func redactURL(raw string) string {
-	scheme, rest, ok := strings.Cut(raw, "://")
-	if !ok {
-		return raw
-	}
-	auth, tail := rest, ""
-	if i := strings.IndexAny(rest, "/?"); i >= 0 {
-		auth, tail = rest[:i], rest[i:]
-	}
-	at := strings.LastIndex(auth, "@")
-	if at < 0 {
-		return raw
-	}
-	user, _, hasPass := strings.Cut(auth[:at], ":")
-	if !hasPass {
-		return raw
-	}
-	return scheme + "://" + user + ":xxxxx@" + auth[at+1:] + tail
-}
+func (s *backendSpec) redacted() string { return verify.RedactURL(s.raw) }
 
 // parseBackendURL parses a --backend URL. Errors are usage errors naming
 // the URL (password redacted) and what is wrong with it.
 func parseBackendURL(raw string) (*backendSpec, error) {
 	bad := func(format string, args ...any) error {
-		return usageErrorf("invalid backend URL %q: %s", redactURL(raw), fmt.Sprintf(format, args...))
+		return usageErrorf("invalid backend URL %q: %s", verify.RedactURL(raw), fmt.Sprintf(format, args...))
 	}
 	scheme, rest, ok := strings.Cut(raw, "://")
 	if !ok {
