@@ -149,6 +149,19 @@ func (h *hub) lockW(ctx context.Context) error {
 
 func (h *hub) unlockW() { <-h.wsem }
 
+// pause doubles backoff (10 ms to 1 s) and waits that long on timer; it
+// returns false when the hub is stopped meanwhile.
+func (h *hub) pause(backoff *time.Duration, timer *time.Timer) bool {
+	*backoff = min(max(2**backoff, 10*time.Millisecond), time.Second)
+	timer.Reset(*backoff)
+	select {
+	case <-h.stop:
+		return false
+	case <-timer.C:
+		return true
+	}
+}
+
 // writeCtx bounds a pub/sub write by the subscribe timeout and ctx's
 // deadline, but not by ctx's cancellation: go-redis drops the connection
 // (and every subscription on it) when a write is cancelled.
@@ -297,12 +310,8 @@ func (h *hub) run() {
 				continue
 			}
 			// Try again on a fresh connection after a pause.
-			backoff = min(max(2*backoff, 10*time.Millisecond), time.Second)
-			timer.Reset(backoff)
-			select {
-			case <-h.stop:
+			if !h.pause(&backoff, timer) {
 				return
-			case <-timer.C:
 			}
 			continue
 		}
@@ -332,12 +341,8 @@ func (h *hub) run() {
 			// one, resubscribing every channel, on the next call.
 			pinged = false
 			h.connLost()
-			backoff = min(max(2*backoff, 10*time.Millisecond), time.Second)
-			timer.Reset(backoff)
-			select {
-			case <-h.stop:
+			if !h.pause(&backoff, timer) {
 				return
-			case <-timer.C:
 			}
 			continue
 		}
