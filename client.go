@@ -111,19 +111,11 @@ func (c *Client) Do(ctx context.Context, key string, fn func(ctx context.Context
 	work, cancel := l.Context(ctx)
 	defer func() {
 		cancel()
-		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), c.releaseTimeout(opts))
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), l.releaseTimeout)
 		defer rcancel()
 		err = errors.Join(err, l.Release(rctx))
 	}()
 	return fn(work, l)
-}
-
-func (c *Client) releaseTimeout(opts []Option) time.Duration {
-	cfg := c.cfg
-	if cfg.apply(opts) != nil {
-		return c.cfg.releaseTimeout
-	}
-	return cfg.releaseTimeout
 }
 
 // Close releases every lease still held (each bounded by the release
@@ -368,18 +360,19 @@ func (c *Client) acquireQueued(ctx context.Context, req Request, cfg config) (l 
 func (c *Client) grant(ctx context.Context, req Request, g Grant, invoke time.Time, cfg config) (*Lease, error) {
 	req.Fence = g.Fence
 	l := &Lease{
-		c:         c,
-		req:       req,
-		count:     max(g.Count, 1),
-		created:   invoke,
-		ttl:       req.TTL,
-		expires:   invoke.Add(req.TTL - drift(req.TTL)),
-		done:      make(chan struct{}),
-		autoRenew: cfg.autoRenew,
-		onLost:    cfg.onLost,
-		observers: cfg.observers,
-		renewIdx:  -1,
-		expIdx:    -1,
+		c:              c,
+		req:            req,
+		count:          max(g.Count, 1),
+		created:        invoke,
+		ttl:            req.TTL,
+		expires:        invoke.Add(req.TTL - drift(req.TTL)),
+		done:           make(chan struct{}),
+		autoRenew:      cfg.autoRenew,
+		onLost:         cfg.onLost,
+		observers:      cfg.observers,
+		releaseTimeout: cfg.releaseTimeout,
+		renewIdx:       -1,
+		expIdx:         -1,
 	}
 	if req.Reentrant {
 		if err := c.checkRegrant(l); err != nil {

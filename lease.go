@@ -22,17 +22,18 @@ type Lease struct {
 	count   int
 	created time.Time
 
-	mu        sync.Mutex
-	ttl       time.Duration
-	expires   time.Time
-	err       error // nil while held
-	releasing bool
-	done      chan struct{}
-	cancels   map[uint64]context.CancelCauseFunc
-	nextID    uint64
-	stopLoss  func()
-	onLost    func(*Lease, error)
-	observers []Observer
+	mu             sync.Mutex
+	ttl            time.Duration
+	expires        time.Time
+	err            error // nil while held
+	releasing      bool
+	done           chan struct{}
+	cancels        map[uint64]context.CancelCauseFunc
+	nextID         uint64
+	stopLoss       func()
+	onLost         func(*Lease, error)
+	observers      []Observer
+	releaseTimeout time.Duration // bounds the release Do performs
 
 	// watchdog bookkeeping, guarded by c.mu
 	autoRenew bool
