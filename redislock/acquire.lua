@@ -1,7 +1,7 @@
--- acquire.lua: one attempt to take a lock (see lib.lua and doc.go for the
--- key layout). Preceded by lib.lua.
+-- acquire.lua: one attempt to take a lock (see fence.lua and doc.go for
+-- the key layout).
 --
--- KEYS[1]  the lock: a hash {owner, count, fence[, wait][, claim]} that
+-- KEYS[1]  the lock: a hash {owner, count, fence[, wait][, claim][, q]} that
 --          expires with the lease
 -- KEYS[2]  the fence counter: a string holding the last fence issued, no TTL
 -- KEYS[3]  the FIFO queue, KEYS[4] its heartbeats
@@ -19,10 +19,32 @@
 -- handed over here, as a release would), not to this attempt: FIFO waiters
 -- are never overtaken.
 --
--- Every redis.call costs about a microsecond of server time (Redis 7.0),
--- so the free path makes six: PTTL, TIME, EXISTS, SET ... GET, HSET, PEXPIRE.
+-- Every redis.call costs about 1–2 µs of server time (Redis 7.0), so the
+-- common case, a free lock nobody queues for, makes five: EXISTS (of the
+-- lock and the queue at once), TIME, SET ... GET, HSET, PEXPIRE; and the
+-- queue functions are not even created for it.
 local lock, counter, q, hb = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local token, ttl = ARGV[1], ARGV[2]
+--#include fence.lua
+
+-- The fence is max(last + 1, server time in µs): strictly above every
+-- fence this counter issued, and above every fence issued before the
+-- counter was lost or rolled back (DEL, a restart without persistence, a
+-- failover) as long as the server clock does not step back.
+local function grant(now_us)
+  local fence, err = new_fence(counter, now_us)
+  if not fence then
+    return err
+  end
+  redis.call('HSET', lock, 'owner', token, 'count', 1, 'fence', fmt(fence))
+  redis.call('PEXPIRE', lock, ttl)
+  return {1, fence, 1}
+end
+
+if redis.call('EXISTS', lock, q) == 0 then
+  -- Free, and nobody queued.
+  return grant(now())
+end
 
 local pttl = redis.call('PTTL', lock) -- -2: no such key
 if pttl ~= -2 then
@@ -52,25 +74,16 @@ if pttl ~= -2 then
   return {1, tonumber(h[3]) or 0, n}
 end
 
--- Free. The fence is max(last + 1, server time in µs): strictly above every
--- fence this counter issued, and above every fence issued before the counter
--- was lost or rolled back (DEL, a restart without persistence, a failover)
--- as long as the server clock does not step back.
+-- Free, with FIFO waiters queued (the lock expired under them, or a
+-- hand-off was never claimed): the first live one gets it.
+--#include queue_lib.lua
 local now_us, now_ms = now()
-if redis.call('EXISTS', q) == 1 then
-  local head, _, err = hand_off(lock, counter, q, hb, nil, ttl, ARGV[4], ARGV[5], now_us, now_ms)
-  if err then
-    return err
-  end
-  if head then
-    redis.call('HSET', lock, 'wait', 1)
-    return {0, tonumber(ARGV[4])}
-  end
-end
-local fence, err = new_fence(counter, now_us)
-if not fence then
+local head, _, err = hand_off(lock, counter, q, hb, nil, ttl, ARGV[4], ARGV[5], now_us, now_ms)
+if err then
   return err
 end
-redis.call('HSET', lock, 'owner', token, 'count', 1, 'fence', fmt(fence))
-redis.call('PEXPIRE', lock, ttl)
-return {1, fence, 1}
+if head then
+  redis.call('HSET', lock, 'wait', 1)
+  return {0, tonumber(ARGV[4])}
+end
+return grant(now_us)

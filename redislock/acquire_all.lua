@@ -1,5 +1,5 @@
 -- acquire_all.lua: one attempt to take several locks of one Redis Cluster
--- slot, all or none (Backend.TryAcquireAll). Preceded by lib.lua.
+-- slot, all or none (Backend.TryAcquireAll).
 --
 -- KEYS     four per lock, in order: the lock hash, the fence counter, the
 --          FIFO queue, its heartbeats
@@ -15,6 +15,8 @@
 --           -3 for a lock that did not stand in the way,
 --         {-1, key, type} when a key holds a value of another type
 --           (nothing was taken).
+--#include fence.lua
+--#include queue_lib.lua
 local claim, wake = ARGV[1], ARGV[2]
 local n = #KEYS / 4
 local now_us, now_ms = now()

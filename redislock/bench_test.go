@@ -12,12 +12,17 @@ import (
 	"github.com/dlock-go/dlock/redislock"
 )
 
-// Run both in one go, so they share the machine's state:
+// Run them in one go, so they share the machine's state:
 //
 //	go test -run '^$' -bench . -count 6 ./redislock/
 //
+// On a shared machine whose load changes from second to second, compare
+// with BenchmarkInterleaved, which alternates the three loops operation by
+// operation and reports the ratios itself.
+//
 // The target is BenchmarkAcquireRelease ≥ 0.9× the ops/s of
-// BenchmarkRawSetNXRelease.
+// BenchmarkRawSetNXRelease. BenchmarkFencedFloor shows what fencing
+// itself costs: the least a lock with this package's fencing tokens can do.
 
 // BenchmarkAcquireRelease is an uncontended Acquire + Release through
 // dlock.New(redislock.New(rdb)) with the default options (TTL 30s,
@@ -102,4 +107,124 @@ func BenchmarkRawSetNXRelease(b *testing.B) {
 			b.Fatalf("release: %d, %v", n, err)
 		}
 	}
+}
+
+// fencedAcquire and fencedRelease are the least a Redis lock with
+// redislock's fencing tokens can run: the fence max(counter+1, server TIME
+// in µs) kept in a companion key, the lock a hash {owner, fence} with a
+// TTL. Five redis.calls to acquire (EXISTS, TIME, SET ... GET, HSET,
+// PEXPIRE), two to release (HMGET, DEL) — as acquire.lua and release.lua
+// make in the common case, without their FIFO queue, reentrancy, claim and
+// wrong-type handling.
+var (
+	fencedAcquire = redis.NewScript(`
+if redis.call('EXISTS', KEYS[1]) == 1 then return {0, redis.call('PTTL', KEYS[1])} end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local last = tonumber(redis.call('SET', KEYS[2], string.format('%.0f', now), 'GET'))
+if last and last >= now then
+  now = last + 1
+  redis.call('SET', KEYS[2], string.format('%.0f', now))
+end
+redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'fence', string.format('%.0f', now))
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return {1, now}`)
+	fencedRelease = redis.NewScript(`
+local h = redis.call('HMGET', KEYS[1], 'owner', 'fence')
+if h[1] == ARGV[1] and h[2] == ARGV[2] then return redis.call('DEL', KEYS[1]) end
+return 0`)
+)
+
+// BenchmarkFencedFloor is a second baseline: fencedAcquire and
+// fencedRelease with a fresh random token per acquisition, two round
+// trips. Its gap to BenchmarkRawSetNXRelease is the price of the fencing
+// token (server TIME and the counter) and of scripted acquisition; the gap
+// from it to BenchmarkAcquireRelease is what this package adds.
+func BenchmarkFencedFloor(b *testing.B) {
+	rdb := newRDB(b, srv.Addr())
+	ctx := context.Background()
+	lock := "{" + key(b) + "}"
+	keys := []string{lock, lock + ":fence"}
+	b.ReportAllocs()
+	for b.Loop() {
+		token := rand.Text()
+		v, err := fencedAcquire.Run(ctx, rdb, keys, token, 30000).Slice()
+		if err != nil || len(v) != 2 || v[0] != int64(1) {
+			b.Fatalf("acquire: %v, %v", v, err)
+		}
+		fence, _ := v[1].(int64)
+		n, err := fencedRelease.Run(ctx, rdb, keys, token, fence).Int()
+		if err != nil || n != 1 {
+			b.Fatalf("release: %d, %v", n, err)
+		}
+	}
+}
+
+// BenchmarkInterleaved runs one acquisition of each kind per iteration —
+// dlock (as BenchmarkAcquireRelease), the raw floor (as
+// BenchmarkRawSetNXRelease) and the fenced floor (as BenchmarkFencedFloor),
+// in an order that rotates — so that all three see the same machine load.
+// It reports each one's mean latency (dlock-µs, raw-µs, fenced-µs) and the
+// ops/s ratios ×raw = raw-µs / dlock-µs (the target is ≥ 0.9) and
+// ×fenced = fenced-µs / dlock-µs.
+func BenchmarkInterleaved(b *testing.B) {
+	rdb := newRDB(b, srv.Addr())
+	ctx := context.Background()
+	c := dlock.New(redislock.New(rdb))
+	b.Cleanup(func() { c.Close() })
+	k := key(b)
+	rawKeys := []string{k + ":raw"}
+	lock := "{" + k + ":fenced}"
+	fencedKeys := []string{lock, lock + ":fence"}
+	if err := unlockScript.Load(ctx, rdb).Err(); err != nil {
+		b.Fatal(err)
+	}
+	ops := [3]func(){
+		func() {
+			l, err := c.Acquire(ctx, k)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := l.Release(ctx); err != nil {
+				b.Fatal(err)
+			}
+		},
+		func() {
+			token := rand.Text()
+			ok, err := rdb.SetArgs(ctx, rawKeys[0], token, redis.SetArgs{Mode: "NX", TTL: 30 * time.Second}).Result()
+			if err != nil || ok != "OK" {
+				b.Fatalf("SET NX PX: %q, %v", ok, err)
+			}
+			if n, err := unlockScript.Run(ctx, rdb, rawKeys, token).Int(); err != nil || n != 1 {
+				b.Fatalf("release: %d, %v", n, err)
+			}
+		},
+		func() {
+			token := rand.Text()
+			v, err := fencedAcquire.Run(ctx, rdb, fencedKeys, token, 30000).Slice()
+			if err != nil || len(v) != 2 || v[0] != int64(1) {
+				b.Fatalf("acquire: %v, %v", v, err)
+			}
+			if n, err := fencedRelease.Run(ctx, rdb, fencedKeys, token, v[1]).Int(); err != nil || n != 1 {
+				b.Fatalf("release: %d, %v", n, err)
+			}
+		},
+	}
+	var spent [3]time.Duration
+	i := 0
+	for b.Loop() {
+		for j := range 3 {
+			op := (i + j) % 3
+			t0 := time.Now()
+			ops[op]()
+			spent[op] += time.Since(t0)
+		}
+		i++
+	}
+	us := func(d time.Duration) float64 { return float64(d) / float64(b.N) / 1e3 }
+	b.ReportMetric(us(spent[0]), "dlock-µs")
+	b.ReportMetric(us(spent[1]), "raw-µs")
+	b.ReportMetric(us(spent[2]), "fenced-µs")
+	b.ReportMetric(float64(spent[1])/float64(spent[0]), "×raw")
+	b.ReportMetric(float64(spent[2])/float64(spent[0]), "×fenced")
 }

@@ -124,7 +124,7 @@ type queued struct {
 // cleanup when its reply comes: a grant is released, a queue entry left.
 func (q *queued) step(ctx context.Context) (dlock.Grant, time.Duration, error) {
 	b, r := q.b, q.r
-	args := []any{r.Token, ttlArg(r.TTL), reentrantArg(r.Reentrant), q.member, q.seq,
+	args := []any{r.Token, b.ttlArg(r.TTL), reentrantArg(r.Reentrant), q.member, q.seq,
 		ttlArg(b.cfg.waiterTTL), b.claimArg(), b.wakePrefix()}
 	run := func(ctx context.Context) (reply, error) {
 		return b.eval(ctx, queueScript, q.keys, args...)

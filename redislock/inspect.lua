@@ -1,6 +1,5 @@
 -- inspect.lua: read a lock's state; with ARGV[1] == "1", also delete it
--- whoever holds it (an administrator's forced release). Preceded by
--- lib.lua.
+-- whoever holds it (an administrator's forced release).
 --
 -- KEYS[1]  the lock hash, KEYS[2] the fence counter, KEYS[3] the FIFO
 --          queue, KEYS[4] its heartbeats
@@ -15,6 +14,8 @@
 --                                                 of another type (left
 --                                                 intact).
 -- waiters counts the live FIFO waiters (heartbeat deadline not passed).
+--#include fence.lua
+--#include queue_lib.lua
 local lock, counter, q, hb = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local bad = check_queue(q, hb)
 if bad then

@@ -1,5 +1,5 @@
 -- leave.lua: a FIFO waiter gives up (its context ended, or its Backend
--- closed). Preceded by lib.lua.
+-- closed).
 --
 -- KEYS[1]  the lock hash, KEYS[2] the fence counter, KEYS[3] the FIFO
 --          queue, KEYS[4] its heartbeats
@@ -17,6 +17,8 @@
 --
 -- Returns 1 when a reserved lock was passed on, 0 otherwise, or
 -- {-1, key, type} when a key holds a value of another type.
+--#include fence.lua
+--#include queue_lib.lua
 local lock, counter, q, hb = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local bad = check_queue(q, hb)
 if bad then

@@ -1,6 +1,6 @@
 -- queue.lua: one step of a FIFO wait (Backend.Wait): take the lock, claim
 -- it when a release handed it over, or join the queue / stay in it (the
--- heartbeat). Preceded by lib.lua.
+-- heartbeat).
 --
 -- KEYS[1]  the lock hash, KEYS[2] the fence counter, KEYS[3] the FIFO
 --          queue, KEYS[4] its heartbeats
@@ -22,6 +22,8 @@
 --                                  is first in line,
 --         {-1, key, type}          when a key holds a value of another type
 --                                  (nothing changed).
+--#include fence.lua
+--#include queue_lib.lua
 local lock, counter, q, hb = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local token, ttl, member = ARGV[1], ARGV[2], ARGV[4]
 local wttl = tonumber(ARGV[6])
@@ -31,11 +33,13 @@ if bad then
   return bad
 end
 local pttl = redis.call('PTTL', lock) -- -2: no such key
+local flagged = false -- the lock has the field q
 if pttl ~= -2 then
-  local h = redis.pcall('HMGET', lock, 'owner', 'count', 'fence', 'claim')
+  local h = redis.pcall('HMGET', lock, 'owner', 'count', 'fence', 'claim', 'q')
   if h['err'] or not h[1] then
     return wrong(lock)
   end
+  flagged = h[5] ~= false
   if h[1] == token then
     -- Handed over to this waiter: claim it (the lease TTL replaces the
     -- claim TTL). Or the token holds it already: a reentrant owner enters
@@ -79,6 +83,10 @@ else
   redis.call('ZADD', q, fmt(seq), member)
 end
 redis.call('ZADD', hb, fmt(now_ms + wttl), member)
+if pttl ~= -2 and not flagged then
+  -- Its release must look at the queue (see fence.lua).
+  redis.call('HSET', lock, 'q', 1)
+end
 redis.call('PEXPIRE', q, 2 * wttl)
 redis.call('PEXPIRE', hb, 2 * wttl)
 

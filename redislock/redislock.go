@@ -53,10 +53,13 @@ type Backend struct {
 	// id names this Backend in the FIFO queues (a member is id + token)
 	// and ends its wake channel, wake: PREFIX "wake:" id.
 	id, wake string
-	// claim and wakePre are script arguments: the claim TTL of a lock
-	// handed to a FIFO waiter (ms), and PREFIX "wake:".
-	claim, wakePre string
-	cluster        *redis.ClusterClient // rdb, when it is one (slots for Groups)
+	// claim and wakePre are script arguments, boxed once: the claim TTL of
+	// a lock handed to a FIFO waiter (ms), and PREFIX "wake:".
+	claim, wakePre any
+	// ttl caches the last lease TTL's script argument, as most callers use
+	// one TTL.
+	ttl     atomic.Pointer[ttlBox]
+	cluster *redis.ClusterClient // rdb, when it is one (slots for Groups)
 	// ctxDeadlines reports that rdb bounds socket I/O by a context's
 	// deadline (go-redis ContextTimeoutEnabled): calls whose context has a
 	// deadline then run directly instead of on a helper goroutine.
@@ -116,7 +119,7 @@ func New(rdb Client, opts ...Option) *Backend {
 	}
 	b.claim = ttlArg(b.cfg.waiterTTL)
 	b.wakePre = b.cfg.prefix + "wake:"
-	b.wake = b.wakePre + b.id
+	b.wake = b.cfg.prefix + "wake:" + b.id
 	return b
 }
 
@@ -148,7 +151,7 @@ func describe(rdb Client) (string, bool, time.Duration) {
 
 var errClosed = fmt.Errorf("redislock: %w", dlock.ErrClosed)
 
-// lockName returns the name of the lock hash of key; fenceName and
+// lockName returns the name of the lock hash of key; lockNames and
 // channelName derive the fence counter's and the release channel's from
 // it. All three share the hash tag {key}, so they live in the same Redis
 // Cluster slot. A key starting with '}' or '\' gets a leading '\' inside
@@ -163,21 +166,45 @@ func (b *Backend) lockName(key string) string {
 
 func fenceName(lock string) string   { return lock + ":fence" }
 func channelName(lock string) string { return lock + ":rel" }
-func queueName(lock string) string   { return lock + ":q" }
-func beatName(lock string) string    { return lock + ":hb" }
 
 // lockKeys returns the four keys the scripts take: the lock hash, the
 // fence counter, the FIFO queue and its heartbeats.
 func lockKeys(lock string) []string {
-	return []string{lock, fenceName(lock), queueName(lock), beatName(lock)}
+	keys, _ := lockNames(lock)
+	return keys
+}
+
+// lockNames returns lockKeys(lock) and the release channel, cut from one
+// string: a single allocation for all the names.
+func lockNames(lock string) (keys []string, channel string) {
+	n := len(lock)
+	s := lock + ":fence" + lock + ":q" + lock + ":hb" + lock + ":rel"
+	return []string{lock, s[:n+6], s[n+6 : 2*n+8], s[2*n+8 : 3*n+11]}, s[3*n+11:]
 }
 
 // claimArg is the claim TTL of a lock handed over to a FIFO waiter.
-func (b *Backend) claimArg() string { return b.claim }
+func (b *Backend) claimArg() any { return b.claim }
 
 // wakePrefix starts the wake channel of every Backend: the scripts append
 // the Backend id of the waiter they serve.
-func (b *Backend) wakePrefix() string { return b.wakePre }
+func (b *Backend) wakePrefix() any { return b.wakePre }
+
+// ttlBox is a lease TTL and its script argument.
+type ttlBox struct {
+	ttl time.Duration
+	arg any
+}
+
+// ttlArg returns the script argument for the lease TTL ttl, boxed once per
+// TTL in a row.
+func (b *Backend) ttlArg(ttl time.Duration) any {
+	if c := b.ttl.Load(); c != nil && c.ttl == ttl {
+		return c.arg
+	}
+	c := &ttlBox{ttl, ttlArg(ttl)}
+	b.ttl.Store(c)
+	return c.arg
+}
 
 // LockName returns the Redis key of the hash holding the lock key:
 // PREFIX{KEY}. The fence counter is LockName(key)+":fence", the release
@@ -255,7 +282,7 @@ func (b *Backend) TryAcquire(ctx context.Context, r dlock.Request) (dlock.Grant,
 	}
 	lock := b.lockName(r.Key)
 	keys := lockKeys(lock)
-	args := []any{r.Token, ttlArg(r.TTL), reentrantArg(r.Reentrant), b.claimArg(), b.wakePrefix()}
+	args := []any{r.Token, b.ttlArg(r.TTL), reentrantArg(r.Reentrant), b.claimArg(), b.wakePrefix()}
 	run := func(ctx context.Context) (reply, error) {
 		return b.eval(ctx, acquireScript, keys, args...)
 	}
@@ -339,7 +366,7 @@ func (b *Backend) Refresh(ctx context.Context, r dlock.Request) error {
 	}
 	lock := b.lockName(r.Key)
 	keys := []string{lock}
-	args := []any{r.Token, fenceArg(r.Fence), ttlArg(r.TTL)}
+	args := []any{r.Token, fenceArg(r.Fence), b.ttlArg(r.TTL)}
 	run := func(ctx context.Context) (any, error) {
 		return refreshScript.Run(ctx, b.rdb, keys, args...).Result()
 	}
@@ -378,9 +405,8 @@ func (b *Backend) Release(ctx context.Context, r dlock.Request) error {
 	if err := b.check(ctx, &r, false); err != nil {
 		return err
 	}
-	lock := b.lockName(r.Key)
-	keys := lockKeys(lock)
-	args := []any{r.Token, fenceArg(r.Fence), channelName(lock), b.claimArg(), b.wakePrefix()}
+	keys, channel := lockNames(b.lockName(r.Key))
+	args := []any{r.Token, fenceArg(r.Fence), channel, b.claimArg(), b.wakePrefix()}
 	run := func(ctx context.Context) (any, error) {
 		return releaseScript.Run(ctx, b.rdb, keys, args...).Result()
 	}
@@ -432,7 +458,7 @@ func (b *Backend) RefreshMany(ctx context.Context, rs []dlock.Request) []error {
 		r := rs[i]
 		calls[j] = call{
 			keys: []string{b.lockName(r.Key)},
-			args: []any{r.Token, fenceArg(r.Fence), ttlArg(r.TTL)},
+			args: []any{r.Token, fenceArg(r.Fence), b.ttlArg(r.TTL)},
 		}
 	}
 	run := func(ctx context.Context) ([]*redis.Cmd, error) {

@@ -5,19 +5,24 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 )
 
-// The scripts, embedded from their .lua files; lib.lua (shared functions)
-// is put in front of those that use it, so each operation stays one
-// EVALSHA. redis.Script runs them with EVALSHA and falls back to EVAL when
-// the server answers NOSCRIPT (after a restart or SCRIPT FLUSH);
-// RefreshMany and the WithReplicas pipelines do the same.
+// The scripts, embedded from their .lua files. A line "--#include NAME"
+// in a script is replaced by the library file NAME (fence.lua,
+// queue_lib.lua), so each operation stays one EVALSHA and each script
+// creates the library functions only where its slower paths need them.
+// redis.Script runs them with EVALSHA and falls back to EVAL when the
+// server answers NOSCRIPT (after a restart or SCRIPT FLUSH); RefreshMany
+// and the WithReplicas pipelines do the same.
 var (
-	//go:embed lib.lua
-	libSrc string
+	//go:embed fence.lua
+	fenceLib string
+	//go:embed queue_lib.lua
+	queueLib string
 	//go:embed acquire.lua
 	acquireSrc string
 	//go:embed acquire_all.lua
@@ -33,14 +38,34 @@ var (
 	//go:embed leave.lua
 	leaveSrc string
 
-	acquireScript    = redis.NewScript(libSrc + acquireSrc)
-	acquireAllScript = redis.NewScript(libSrc + acquireAllSrc)
-	releaseScript    = redis.NewScript(libSrc + releaseSrc)
-	refreshScript    = redis.NewScript(refreshSrc)
-	inspectScript    = redis.NewScript(libSrc + inspectSrc)
-	queueScript      = redis.NewScript(libSrc + queueSrc)
-	leaveScript      = redis.NewScript(libSrc + leaveSrc)
+	acquireScript    = script(acquireSrc)
+	acquireAllScript = script(acquireAllSrc)
+	releaseScript    = script(releaseSrc)
+	refreshScript    = script(refreshSrc)
+	inspectScript    = script(inspectSrc)
+	queueScript      = script(queueSrc)
+	leaveScript      = script(leaveSrc)
 )
+
+// script expands the "--#include NAME" lines of src and returns the
+// script. An unknown NAME is a bug in this package: it panics when the
+// package is initialised, before any user input is seen.
+func script(src string) *redis.Script {
+	libs := map[string]string{"fence.lua": fenceLib, "queue_lib.lua": queueLib}
+	lines := strings.SplitAfter(src, "\n")
+	for i, l := range lines {
+		name, ok := strings.CutPrefix(strings.TrimRight(l, "\n"), "--#include ")
+		if !ok {
+			continue
+		}
+		lib, known := libs[name]
+		if !known {
+			panic("redislock: script includes unknown file " + name)
+		}
+		lines[i] = lib + "\n"
+	}
+	return redis.NewScript(strings.Join(lines, ""))
+}
 
 // ErrNotReplicated reports that an acquisition was not acknowledged by as
 // many replicas as WithReplicas asks for within its timeout. The lock was

@@ -1,53 +1,9 @@
--- lib.lua: functions shared by the scripts. The Backend puts this file in
--- front of every script that uses it (scripts.go), so each script stays one
--- EVALSHA.
---
--- Keys of one lock (all share the hash tag {KEY}, see doc.go):
---   lock     PREFIX{KEY}        hash {owner, count, fence[, wait][, claim]}
---   counter  PREFIX{KEY}:fence  the last fence issued
---   q        PREFIX{KEY}:q      FIFO queue: sorted set, member = the
---                               waiter's Backend id (IDLEN bytes) .. token,
---                               score = arrival number
---   hb       PREFIX{KEY}:hb     heartbeats: sorted set, same members,
---                               score = deadline in server milliseconds
--- A lock handed to a waiter by a release carries the field claim until the
--- waiter claims it (queue.lua); meanwhile its TTL is the short claim TTL.
+-- queue_lib.lua: the FIFO queue's functions, shared by the scripts that
+-- serve or change the queue. Scripts include it (a line
+-- "--#include queue_lib.lua", see scripts.go) after fence.lua and after
+-- their fast path. See fence.lua for the key layout.
 
 local IDLEN = 26
-
--- now returns the server time in µs and in ms.
-local function now()
-  local t = redis.call('TIME')
-  local s, us = tonumber(t[1]), tonumber(t[2])
-  return s * 1000000 + us, s * 1000 + math.floor(us / 1000)
-end
-
--- fmt formats an integral number exactly (tostring would use %.14g).
-local function fmt(n)
-  return string.format('%.0f', n)
-end
-
--- wrong is the reply for a key that holds a value of another type.
-local function wrong(key)
-  return {-1, key, redis.call('TYPE', key)['ok']}
-end
-
--- new_fence issues the next fence of a lock: max(last + 1, server time in
--- µs), stored in the counter. Returns the fence, or nil and a wrong-type
--- reply (nothing changed).
-local function new_fence(counter, now_us)
-  local fence = now_us
-  local last = redis.pcall('SET', counter, fmt(fence), 'GET')
-  if type(last) == 'table' and last['err'] then
-    return nil, wrong(counter)
-  end
-  last = tonumber(last)
-  if last and last >= fence then
-    fence = last + 1
-    redis.call('SET', counter, fmt(fence))
-  end
-  return fence
-end
 
 -- check_queue returns a wrong-type reply when q or hb hold a value of
 -- another type, else nil.
@@ -66,7 +22,8 @@ end
 -- self (a member), the lock is granted to it outright (count 1, TTL ttl);
 -- otherwise it is reserved for it (owner = its token, field claim, TTL
 -- claim ms) and its Backend is told on wake .. id, with the payload
--- "#lock:lock .. token". The served waiter leaves the queue.
+-- "#lock:lock .. token". Either way the lock gets the field q (others may
+-- still wait behind it). The served waiter leaves the queue.
 -- Returns the member served and its fence; nil when nobody waits; or nil,
 -- nil and a wrong-type reply (nothing changed).
 local function hand_off(lock, counter, q, hb, self, ttl, claim, wake, now_us, now_ms)
@@ -98,11 +55,11 @@ local function hand_off(lock, counter, q, hb, self, ttl, claim, wake, now_us, no
       local fence = new_fence(counter, now_us)
       local token = string.sub(head, IDLEN + 1)
       if head == self then
-        redis.call('HSET', lock, 'owner', token, 'count', 1, 'fence', fmt(fence))
+        redis.call('HSET', lock, 'owner', token, 'count', 1, 'fence', fmt(fence), 'q', 1)
         redis.call('HDEL', lock, 'claim')
         redis.call('PEXPIRE', lock, ttl)
       else
-        redis.call('HSET', lock, 'owner', token, 'count', 1, 'fence', fmt(fence), 'claim', 1)
+        redis.call('HSET', lock, 'owner', token, 'count', 1, 'fence', fmt(fence), 'claim', 1, 'q', 1)
         redis.call('PEXPIRE', lock, claim)
         redis.call('PUBLISH', wake .. string.sub(head, 1, IDLEN), #lock .. ':' .. lock .. token)
       end
