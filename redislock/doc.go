@@ -40,9 +40,14 @@
 // # Scripts
 //
 // Each operation is one Lua script, in the .lua files of this package
-// (embedded with go:embed; lib.lua holds the functions several share and
-// is put in front of them), run with EVALSHA and, when the server answers
-// NOSCRIPT (after a restart or SCRIPT FLUSH), again with the source:
+// (embedded with go:embed; fence.lua and queue_lib.lua hold the functions
+// several share and are included where a script needs them, after its
+// fast path), run with EVALSHA and, when the server answers NOSCRIPT
+// (after a restart or SCRIPT FLUSH), again with the source. Every
+// redis.call inside a script costs 1–2 µs of server time on Redis 7.0, so
+// the common cases are short: taking a free lock nobody queues for makes
+// five calls (EXISTS of the lock and its queue, TIME, SET ... GET of the
+// counter, HSET, PEXPIRE), releasing it two (HMGET, DEL):
 //
 //   - acquire.lua takes a free lock (new hash, count 1, a new fence),
 //     re-enters one the token holds (count + 1, same fence, TTL refreshed)

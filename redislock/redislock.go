@@ -86,7 +86,7 @@ type Backend struct {
 // at the deadline (a cancellation before the deadline then waits for the
 // reply, and a grant that arrives too late expires with its TTL).
 func New(rdb Client, opts ...Option) *Backend {
-	// rand.Text is 26 characters: IDLEN in lib.lua.
+	// rand.Text is 26 characters: IDLEN in queue_lib.lua.
 	b := &Backend{cfg: defaultConfig(), id: rand.Text()}
 	b.hub.b = b
 	b.hub.wsem = make(chan struct{}, 1)
