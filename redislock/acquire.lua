@@ -27,23 +27,9 @@ local lock, counter, q, hb = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local token, ttl = ARGV[1], ARGV[2]
 --#include fence.lua
 
--- The fence is max(last + 1, server time in µs): strictly above every
--- fence this counter issued, and above every fence issued before the
--- counter was lost or rolled back (DEL, a restart without persistence, a
--- failover) as long as the server clock does not step back.
-local function grant(now_us)
-  local fence, err = new_fence(counter, now_us)
-  if not fence then
-    return err
-  end
-  redis.call('HSET', lock, 'owner', token, 'count', 1, 'fence', fmt(fence))
-  redis.call('PEXPIRE', lock, ttl)
-  return {1, fence, 1}
-end
-
 if redis.call('EXISTS', lock, q) == 0 then
   -- Free, and nobody queued.
-  return grant(now())
+  return take(lock, counter, token, ttl, now())
 end
 
 local pttl = redis.call('PTTL', lock) -- -2: no such key
@@ -86,4 +72,4 @@ if head then
   redis.call('HSET', lock, 'wait', 1)
   return {0, tonumber(ARGV[4])}
 end
-return grant(now_us)
+return take(lock, counter, token, ttl, now_us)

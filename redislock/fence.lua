@@ -52,3 +52,15 @@ local function new_fence(counter, now_us)
   end
   return fence
 end
+
+-- take grants a free lock to token: a new fence, count 1, TTL ttl ms.
+-- Returns {1, fence, 1}, or a wrong-type reply (nothing changed).
+local function take(lock, counter, token, ttl, now_us)
+  local fence, err = new_fence(counter, now_us)
+  if not fence then
+    return err
+  end
+  redis.call('HSET', lock, 'owner', token, 'count', 1, 'fence', fmt(fence))
+  redis.call('PEXPIRE', lock, ttl)
+  return {1, fence, 1}
+end

@@ -60,13 +60,7 @@ end
 local now_us, now_ms = now()
 if pttl == -2 and redis.call('EXISTS', q) == 0 then
   -- Free and nobody queued: take it.
-  local fence, err = new_fence(counter, now_us)
-  if not fence then
-    return err
-  end
-  redis.call('HSET', lock, 'owner', token, 'count', 1, 'fence', fmt(fence))
-  redis.call('PEXPIRE', lock, ttl)
-  return {1, fence, 1}
+  return take(lock, counter, token, ttl, now_us)
 end
 
 -- Join the queue, or keep the place: a waiter dropped for a late heartbeat
