@@ -38,7 +38,10 @@ end
 
 -- new_fence issues the next fence of a lock: max(last + 1, server time in
 -- µs), stored in the counter. Returns the fence, or nil and a wrong-type
--- reply (nothing changed).
+-- reply (nothing changed). The fence is strictly above every fence this
+-- counter issued, and above every fence issued before the counter was lost
+-- or rolled back (DEL, a restart without persistence, a failover) as long
+-- as the server clock does not step back.
 local function new_fence(counter, now_us)
   local fence = now_us
   local last = redis.pcall('SET', counter, fmt(fence), 'GET')
