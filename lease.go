@@ -236,7 +236,8 @@ func (l *Lease) lose(cause error) {
 }
 
 // end ends the lease once with err; later calls do nothing. Observers
-// hear of a loss before Done closes, so a log line precedes the wake-up.
+// hear of a loss before Done closes, so a log line precedes the wake-up,
+// and the lease's contexts are cancelled before Done closes.
 func (l *Lease) end(err error, lost bool) bool {
 	l.mu.Lock()
 	if l.err != nil {
@@ -260,10 +261,12 @@ func (l *Lease) end(err error, lost bool) bool {
 			go l.onLost(l, err)
 		}
 	}
-	close(l.done)
+	// The contexts first: whoever wakes on Done finds them cancelled, with
+	// the cause, already.
 	for _, cancel := range cancels {
 		cancel(err)
 	}
+	close(l.done)
 	return true
 }
 

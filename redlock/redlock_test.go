@@ -140,7 +140,8 @@ func plant(t *testing.T, key, token string, ttl time.Duration, idx ...int) {
 
 // TestWriteBack checks that after an acquisition every node holds the
 // lock for the lease's token with the lease's fence (the maximum of the
-// nodes' fences), and that every node's counter is at least that fence.
+// nodes' fences), and that every such node's counter is at least that
+// fence.
 func TestWriteBack(t *testing.T) {
 	b := newBackend(t, redlock.WithNodeTimeout(nodeTimeout))
 	k := key(t)
@@ -169,11 +170,13 @@ func TestWriteBack(t *testing.T) {
 		case n.Err == nil && n.Info.Held && n.Info.Owner == r.Token && n.Info.Fence == r.Fence && n.Info.Count == 1:
 			holding++
 		case n.Err == nil && !n.Info.Held:
+			// Its acquire answered after the fan-out gave up on it, so it
+			// got no write-back either.
 			t.Logf("node %d answered late and is not part of the lease", i)
+			continue
 		default:
 			t.Errorf("node %d: got %+v, want held by %s with fence %d", i, n, r.Token, r.Fence)
 		}
-		// A late node's write-back may still be on its way.
 		waitFor(t, 5*time.Second, "node "+strconv.Itoa(i)+"'s counter to reach the fence", func() bool {
 			c, err := rdbs[i].Get(context.Background(), lock+":fence").Uint64()
 			return err == nil && c >= r.Fence
