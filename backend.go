@@ -38,13 +38,17 @@ type Backend interface {
 }
 
 // Request describes one lock operation for a Backend.
+//
+// On TryAcquire, Fence is 0 from the Client. A composite backend (redlock)
+// may set it to a floor: a backend that supports it (redislock) then
+// issues a fresh grant a fence of at least Fence; others ignore it.
 type Request struct {
 	Key       string        // the user's key, validated by the Client
 	Token     string        // the owner token: unique per lease, or the WithOwner id
 	TTL       time.Duration // the lease's lifetime, at least MinTTL
 	Reentrant bool          // same Token re-enters instead of waiting (WithOwner)
 	FIFO      bool          // ask a Waiter for strict arrival order (WithFIFO)
-	Fence     uint64        // on Refresh and Release: the fence the grant returned
+	Fence     uint64        // on Refresh and Release: the fence the grant returned; on TryAcquire: 0, or a floor (see below)
 }
 
 // Grant is the result of one acquisition attempt.

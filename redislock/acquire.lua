@@ -9,6 +9,8 @@
 -- ARGV[2]  the lease TTL in milliseconds
 -- ARGV[3]  "1" when the request is reentrant
 -- ARGV[4]  the claim TTL in milliseconds, ARGV[5] the wake channel prefix
+-- ARGV[6]  a floor for a fresh grant's fence ("" for none): the fence is
+--          then max(last + 1, server time in µs, floor)
 --
 -- Returns {1, fence, count} when the token holds the lock now,
 --         {0, pttl}         when another token holds it (pttl -1: no TTL),
@@ -25,11 +27,12 @@
 -- queue functions are not even created for it.
 local lock, counter, q, hb = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local token, ttl = ARGV[1], ARGV[2]
+local floor = tonumber(ARGV[6]) or 0
 --#include fence.lua
 
 if redis.call('EXISTS', lock, q) == 0 then
   -- Free, and nobody queued.
-  return take(lock, counter, token, ttl, now())
+  return take(lock, counter, token, ttl, math.max(now(), floor))
 end
 
 local pttl = redis.call('PTTL', lock) -- -2: no such key
@@ -72,4 +75,4 @@ if head then
   redis.call('HSET', lock, 'wait', 1)
   return {0, tonumber(ARGV[4])}
 end
-return take(lock, counter, token, ttl, now_us)
+return take(lock, counter, token, ttl, math.max(now_us, floor))

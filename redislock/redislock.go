@@ -267,7 +267,8 @@ func reentrantArg(r bool) string {
 
 // TryAcquire implements dlock.Backend: one EVALSHA of acquire.lua. The
 // fence is max(last fence + 1, server time in µs), kept in the key's fence
-// counter. When another token holds the lock it returns Grant{OK: false}
+// counter; with r.Fence set, a fresh grant's fence is at least r.Fence (a
+// floor: package redlock proposes one so that its nodes agree). When another token holds the lock it returns Grant{OK: false}
 // with HolderTTL set to the holder's remaining TTL (at least 1ms; 0 if the
 // lock has no TTL). A free lock with live FIFO waiters (see Wait) is
 // handed to the first of them instead, and the attempt fails like one that
@@ -282,7 +283,7 @@ func (b *Backend) TryAcquire(ctx context.Context, r dlock.Request) (dlock.Grant,
 	}
 	lock := b.lockName(r.Key)
 	keys := lockKeys(lock)
-	args := []any{r.Token, b.ttlArg(r.TTL), reentrantArg(r.Reentrant), b.claimArg(), b.wakePrefix()}
+	args := []any{r.Token, b.ttlArg(r.TTL), reentrantArg(r.Reentrant), b.claimArg(), b.wakePrefix(), fenceArg(r.Fence)}
 	run := func(ctx context.Context) (reply, error) {
 		return b.eval(ctx, acquireScript, keys, args...)
 	}

@@ -33,16 +33,22 @@
 //  1. Every node runs redislock's acquire script concurrently, each call
 //     bounded by the node timeout: WithNodeTimeout, by default
 //     min(TTL/10, 50ms) (the Redlock description suggests 5–50 ms for a
-//     10 s TTL; set it above the network's worst round trip). On a node
-//     the script issues a fence max(counter+1, server TIME in µs).
+//     10 s TTL; set it above the network's worst round trip). A
+//     non-reentrant attempt proposes a fence floor: this process's clock
+//     in µs plus 5ms (and plus how far ahead of it the nodes' fences were
+//     seen), above every floor and fence it proposed or saw before. On a
+//     node the script issues max(counter+1, server TIME in µs, floor).
 //  2. The attempt needs a quorum of grants. As soon as a quorum can no
 //     longer be reached it stops waiting for slow nodes (fail fast). Once
 //     the outcome is decided, slower nodes get a grace of as long as the
 //     decision took (at least 2ms), so that a lease normally holds every
 //     node that works, and a failed attempt undoes at once what it knows
 //     of.
-//  3. The fence is the maximum over the granting nodes. It is written back
-//     to every node that answered (see Fencing) and the lease needs a
+//  3. When every node answered and every grant carries exactly the floor,
+//     the nodes agree already: the granting quorum's counters are at the
+//     floor, which is the fence. Otherwise the fence is the maximum over
+//     the granting nodes (one more, if that is the floor); it is written
+//     back to every node that answered (see Fencing) and the lease needs a
 //     quorum of confirmations.
 //  4. The lease's validity TTL − elapsed − Drift(TTL), elapsed measured
 //     from before step 1 and Drift(TTL) = TTL/100 + 2ms, must be positive.
@@ -52,9 +58,15 @@
 // A failed attempt releases the lock on every node it may have touched,
 // including those that did not answer in time (their grant may land
 // later; a grant that comes back late is released too). A non-reentrant
-// attempt uses its own owner token on the nodes, the lease's token plus a
-// unique suffix, and the write-back renames it to the lease's: a command
-// of an earlier attempt still in flight can never touch a later grant.
+// attempt uses its own owner token on the nodes, the lease's token plus
+// "~" and its floor in base 36 (floors are unique per attempt), and a
+// lease of token T with fence F holds the nodes as T~F (base 36): the
+// write-back renames the attempt's token to it, and when no write-back
+// is needed they are the same — but then every node answered, so no
+// command of the attempt is still in flight. Either way a command of an
+// earlier attempt still in flight can never touch a later grant. Refresh
+// and Release derive T~F from the request's token and fence; Inspect
+// reports T.
 //
 // When other owners hold the lock on enough nodes (contention, or a split
 // vote between two contenders), TryAcquire reports Grant{OK: false} and
@@ -63,8 +75,10 @@
 // failed node joined with errors.Join after a summary, and the Client's
 // Acquire returns it at once (it is not contention).
 //
-// An uncontended acquisition costs three parallel round trips (acquire,
-// write-back, release) against redislock's two. Each node's go-redis
+// An uncontended acquisition costs two parallel round trips (acquire,
+// release) when the nodes agree on the floor, as redislock's one node
+// does, and three (acquire, write-back, release) when they do not (a
+// node's clock or counter ahead of the floor, a node that did not answer). Each node's go-redis
 // client should not retry on its own (MaxRetries: -1 and DialerRetries: 1
 // in redis.Options; go-redis otherwise retries a refused dial 5 times,
 // 100ms apart): Redlock tolerates failed nodes, a retry only spends the
@@ -82,8 +96,8 @@
 // quorum), then Fb > Fa, provided the nodes keep their data (below).
 //
 // Argument. Before A is returned, a quorum QA of nodes confirmed the
-// write-back of Fa: each raised its fence counter to at least Fa while
-// still holding A. B was granted by a quorum QB. Two quorums intersect, so
+// write-back of Fa, or (no write-back needed) granted A with exactly Fa:
+// either way each set its fence counter to at least Fa while holding A. B was granted by a quorum QB. Two quorums intersect, so
 // some node n is in both. On n, A held the lock when the write-back ran,
 // and B could only take it after A's hold on n ended, so B's acquire
 // script ran after the write-back and issued fb,n ≥ counter + 1 > Fa. Fb

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/dlock-go/dlock"
@@ -17,7 +19,8 @@ type NodeInfo struct {
 }
 
 // InspectNodes reads the lock key on every node concurrently (redislock's
-// Inspect: nothing is changed), each bounded by the node timeout
+// Inspect: nothing is changed; a non-reentrant lease's owner is reported
+// as the lease's token, without the node token's fence suffix), each bounded by the node timeout
 // (WithNodeTimeout, default 50ms), and returns one entry per node in the
 // order of Nodes. A node that did not answer has Err set, as a
 // *dlock.NodeError. The error is only for invalid input, a closed Backend
@@ -50,6 +53,11 @@ func (b *Backend) inspectNodes(ctx context.Context, key string, del bool) ([]Nod
 		out[i].Node = b.names[i]
 		if a.done && a.err == nil {
 			out[i].Info = a.val
+			// A non-reentrant lease holds the nodes under a node token
+			// (see nodeToken): report the lease's token.
+			if in := &out[i].Info; in.Held {
+				in.Owner = strings.TrimSuffix(in.Owner, "~"+strconv.FormatUint(in.Fence, 36))
+			}
 		}
 	}
 	for _, e := range errs {

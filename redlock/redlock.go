@@ -2,7 +2,6 @@ package redlock
 
 import (
 	"context"
-	"crypto/rand"
 	_ "embed"
 	"errors"
 	"fmt"
@@ -51,8 +50,10 @@ type Backend struct {
 	cfg    config
 	err    error // from NewWithOptions: returned by every call
 
-	id  string // random: makes attempt tokens unique across Backends
-	seq atomic.Uint64
+	// floor is the last fence floor proposed (see propose); ahead how far
+	// (µs) the nodes' fences were seen ahead of this process's clock.
+	floor atomic.Uint64
+	ahead atomic.Int64
 
 	mu     sync.Mutex
 	closed bool
@@ -83,7 +84,7 @@ func New[C redislock.Client](nodes ...C) *Backend {
 // fails with that error (matching dlock.ErrInvalidOption), which Err also
 // returns.
 func NewWithOptions[C redislock.Client](nodes []C, opts ...Option) *Backend {
-	b := &Backend{cfg: defaultConfig(), id: rand.Text()[:8]}
+	b := &Backend{cfg: defaultConfig()}
 	for _, o := range opts {
 		if o == nil {
 			b.err = fmt.Errorf("redlock: %w: nil Option", dlock.ErrInvalidOption)
@@ -211,11 +212,76 @@ func (b *Backend) check(ctx context.Context, r *dlock.Request, needTTL bool) err
 	return nil
 }
 
-// attemptToken returns the owner token one acquisition attempt uses on the
-// nodes: the lease's token plus a suffix unique to the attempt. See
-// TryAcquire.
-func (b *Backend) attemptToken(token string) string {
-	return token + "~" + b.id + strconv.FormatUint(b.seq.Add(1), 36)
+// nodeToken returns the owner token a non-reentrant lease of token with
+// fence uses on the nodes: token "~" fence in base 36. An acquisition
+// attempt takes the nodes under nodeToken(token, floor), its proposed fence
+// floor (see propose), which no other attempt of any lease shares, so a
+// straggling command of an earlier attempt can never touch a later grant.
+// Refresh and Release derive it from the request's token and fence; a
+// reentrant request uses its token as it is.
+func nodeToken(token string, fence uint64) string {
+	return token + "~" + strconv.FormatUint(fence, 36)
+}
+
+// nodeRequest returns r as the nodes know it: with the lease's node token
+// when r is not reentrant and has a fence.
+func nodeRequest(r dlock.Request) dlock.Request {
+	if !r.Reentrant && r.Fence != 0 {
+		r.Token = nodeToken(r.Token, r.Fence)
+	}
+	return r
+}
+
+// proposeMargin is how far ahead of this process's clock (and of what the
+// nodes were seen to issue) propose places a floor: more than a node's
+// script usually runs after the proposal, so that every node issues the
+// floor itself and no write-back is needed.
+const proposeMargin = 5 * time.Millisecond
+
+// propose returns the fence floor of a non-reentrant attempt: this
+// process's clock in µs, plus how far ahead the nodes' fences were seen,
+// plus proposeMargin, and above every floor proposed or fence seen before.
+// The nodes issue max(counter + 1, server time in µs, floor): when every
+// node issues exactly the floor, the nodes agree without a write-back.
+func (b *Backend) propose() uint64 {
+	for {
+		last := b.floor.Load()
+		p := uint64(time.Now().UnixMicro() + b.ahead.Load() + proposeMargin.Microseconds())
+		if p <= last {
+			p = last + 1
+		}
+		if b.floor.CompareAndSwap(last, p) {
+			return p
+		}
+	}
+}
+
+// learn records the fences of an attempt that proposed floor at sent: the
+// next floor is above them, and a node that issued more than the floor
+// (its counter or clock ahead of this process's) raises ahead by as much.
+func (b *Backend) learn(sent time.Time, floor uint64, acq []answer[dlock.Grant]) {
+	for _, a := range acq {
+		if !a.done || a.err != nil || !a.val.OK {
+			continue
+		}
+		f := a.val.Fence
+		raise(&b.floor, f)
+		if f > floor {
+			raise(&b.ahead, int64(f)-sent.UnixMicro())
+		}
+	}
+}
+
+// raise sets v to max(v, x).
+func raise[T uint64 | int64, A interface {
+	Load() T
+	CompareAndSwap(old, new T) bool
+}](v A, x T) {
+	for cur := v.Load(); x > cur; cur = v.Load() {
+		if v.CompareAndSwap(cur, x) {
+			return
+		}
+	}
 }
 
 // hold is what one node may hold after a failed or partly failed attempt,
@@ -233,15 +299,19 @@ type hold struct {
 //
 //  1. Every node runs redislock's acquire script concurrently, each call
 //     bounded by the node timeout (WithNodeTimeout). The script advances
-//     the node's fence counter to max(counter+1, server TIME in µs) and
-//     returns it.
+//     the node's fence counter to max(counter+1, server TIME in µs,
+//     floor) and returns it, where a non-reentrant attempt proposes the
+//     floor (see propose).
 //  2. Once a quorum granted (and the other nodes answered or had a short
-//     grace, see below), the fence is the maximum over the granting nodes
-//     (for a reentrant re-entry: the fence the holder already has). It is
-//     written back to every node that answered: counter = max(counter,
-//     fence), and where the attempt holds the lock, the lock's fence field
-//     becomes the fence. The lease needs a quorum of nodes confirming that
-//     they hold it with that fence.
+//     grace, see below): if every node answered and every grant carries
+//     exactly the floor, the floor is the fence and the nodes agree
+//     already. Otherwise the fence is the maximum over the granting nodes
+//     (one more if that is the floor; for a reentrant re-entry: the fence
+//     the holder already has). It is written back to every node that
+//     answered: counter = max(counter, fence), and where the attempt holds
+//     the lock, the lock's owner becomes the lease's node token and its
+//     fence field the fence. The lease needs a quorum of nodes confirming
+//     that they hold it with that fence.
 //  3. The attempt succeeds if its validity TTL − elapsed − Drift(TTL),
 //     elapsed measured from before step 1, is still positive.
 //
@@ -257,9 +327,9 @@ type hold struct {
 // may still land; a late grant is given back too): synchronously on the
 // nodes that answered, in the background (bounded by the node timeout,
 // awaited by Close) on the others. A non-reentrant attempt uses its own
-// owner token on the nodes (the lease's token plus a unique suffix) and
-// the write-back renames it to the lease's token, so a straggling command
-// of an earlier attempt can never touch a later grant.
+// owner token on the nodes, nodeToken(token, floor), and the lease holds
+// them as nodeToken(token, fence): a straggling command of an earlier
+// attempt can never touch a later grant (see nodeToken).
 //
 // When fewer than a quorum of nodes grant the lock because other tokens
 // hold it on the rest (contention, or a split vote between contenders),
@@ -267,8 +337,9 @@ type hold struct {
 // of them expire, so the Client waits and retries. When more than N −
 // quorum nodes fail (an error, or no reply within the node timeout), so
 // that no quorum could grant the lock, it returns an error joining a
-// summary and one *dlock.NodeError per failed node. An attempt that took longer than the
-// validity allows fails with an error matching dlock.ErrNotAcquired.
+// summary and one *dlock.NodeError per failed node. An attempt that took
+// longer than the validity allows fails with an error matching
+// dlock.ErrNotAcquired.
 func (b *Backend) TryAcquire(ctx context.Context, r dlock.Request) (dlock.Grant, error) {
 	if err := b.check(ctx, &r, true); err != nil {
 		return dlock.Grant{}, err
@@ -277,8 +348,10 @@ func (b *Backend) TryAcquire(ctx context.Context, r dlock.Request) (dlock.Grant,
 	timeout := b.cfg.timeout(r.TTL)
 	nr := r // what the nodes see
 	nr.Fence = 0
+	var floor uint64
 	if !r.Reentrant {
-		nr.Token = b.attemptToken(r.Token)
+		floor = b.propose()
+		nr.Token, nr.Fence = nodeToken(r.Token, floor), floor
 	}
 	deadline := start.Add(timeout)
 	// A grant that comes after the fan-out gave up on its node is given
@@ -342,6 +415,29 @@ func (b *Backend) TryAcquire(ctx context.Context, r dlock.Request) (dlock.Grant,
 	}
 
 	fence, count := settle(acq, b.quorum)
+	if !r.Reentrant {
+		b.learn(start, floor, acq)
+		if agreed(holds, acq, floor) {
+			// Every node answered and every grant has the floor as its
+			// fence: the granting nodes, a quorum, hold the lease under
+			// its node token with its fence, and their counters are at the
+			// fence. That is what the write-back would make; nothing of the
+			// attempt is left to undo.
+			if elapsed := time.Since(start); elapsed >= r.TTL-Drift(r.TTL) {
+				b.undo(r, nr, 0, holds, timeout)
+				return dlock.Grant{}, fmt.Errorf("redlock: acquire %q: %w: it took %v, leaving no validity of the TTL %v (drift allowance %v)",
+					r.Key, dlock.ErrNotAcquired, elapsed.Round(time.Microsecond), r.TTL, Drift(r.TTL))
+			}
+			won = true
+			return dlock.Grant{OK: true, Fence: floor, Count: 1, Since: start}, nil
+		}
+		if fence == floor {
+			// The lease's node token must differ from the attempt's, which
+			// late grants on nodes that did not answer may still carry.
+			fence++
+		}
+	}
+	leaseToken := nodeRequest(dlock.Request{Token: r.Token, Reentrant: r.Reentrant, Fence: fence}).Token
 
 	// The write-back, to every node that answered: a later quorum
 	// intersects the nodes that confirm it, so it sees a counter ≥ fence.
@@ -372,12 +468,12 @@ func (b *Backend) TryAcquire(ctx context.Context, r dlock.Request) (dlock.Grant,
 			if err != nil {
 				_ = b.nodes[i].Release(ctx, dlock.Request{Key: r.Key, Token: nr.Token, TTL: r.TTL, Fence: attemptFences[i]})
 			}
-			_ = b.nodes[i].Release(ctx, dlock.Request{Key: r.Key, Token: r.Token, TTL: r.TTL, Fence: fence})
+			_ = b.nodes[i].Release(ctx, dlock.Request{Key: r.Key, Token: leaseToken, TTL: r.TTL, Fence: fence})
 		})
 	}
 	wb, err := gather(ctx, b, targets, fan{deadline: wbDeadline, timeout: timeout, grace: true},
 		func(ctx context.Context, i int) (int64, error) {
-			return b.writeBack(ctx, i, lock, nr.Token, r.Token, fenceStr)
+			return b.writeBack(ctx, i, lock, nr.Token, leaseToken, fenceStr)
 		},
 		quorumJudge(b.quorum, func(v int64, err error) bool { return err == nil && v == 1 }),
 		lateWriteBack)
@@ -496,6 +592,21 @@ func settle(acq []answer[dlock.Grant], quorum int) (fence uint64, count int) {
 	return fence, count
 }
 
+// agreed reports whether an attempt that proposed floor can skip the
+// write-back: every node answered (no grant may still land anywhere) and
+// every grant is a fresh one with the floor as its fence.
+func agreed(holds []hold, acq []answer[dlock.Grant], floor uint64) bool {
+	for i, a := range acq {
+		if holds[i].maybe || !a.done {
+			return false
+		}
+		if a.err == nil && a.val.OK && (a.val.Fence != floor || a.val.Count != 1) {
+			return false
+		}
+	}
+	return true
+}
+
 // holderTTL returns how long until need more nodes could be free: the
 // n-th shortest remaining TTL among the nodes held by another token, where
 // n is need less the nodes that did not answer (they may be free), or 0 if
@@ -559,7 +670,7 @@ func (b *Backend) undo(r, nr dlock.Request, fence uint64, holds []hold, timeout 
 				reqs = append(reqs, dlock.Request{Key: r.Key, Token: nr.Token, TTL: r.TTL, Fence: f})
 			}
 			if h.lease {
-				reqs = append(reqs, dlock.Request{Key: r.Key, Token: r.Token, TTL: r.TTL, Fence: fence})
+				reqs = append(reqs, nodeRequest(dlock.Request{Key: r.Key, Token: r.Token, TTL: r.TTL, Fence: fence}))
 			}
 		}
 		if len(reqs) == 0 {
@@ -621,7 +732,9 @@ func (b *Backend) Refresh(ctx context.Context, r dlock.Request) error {
 	timeout := b.cfg.timeout(r.TTL)
 	deadline := start.Add(timeout)
 	ans, err := gather(ctx, b, b.all, fan{deadline: deadline, timeout: timeout, detach: true},
-		func(ctx context.Context, i int) (struct{}, error) { return struct{}{}, b.nodes[i].Refresh(ctx, r) },
+		func(ctx context.Context, i int) (struct{}, error) {
+			return struct{}{}, b.nodes[i].Refresh(ctx, nodeRequest(r))
+		},
 		quorumJudge(b.quorum, func(_ struct{}, err error) bool { return err == nil }),
 		nil)
 	if err != nil {
@@ -685,7 +798,7 @@ func (b *Backend) RefreshMany(ctx context.Context, rs []dlock.Request) []error {
 			continue
 		}
 		idx = append(idx, i)
-		sub = append(sub, rs[i])
+		sub = append(sub, nodeRequest(rs[i]))
 		if t := b.cfg.timeout(rs[i].TTL); timeout == 0 || t < timeout {
 			timeout = t
 		}
@@ -750,7 +863,9 @@ func (b *Backend) Release(ctx context.Context, r dlock.Request) error {
 	// Detached: a node slower than the quorum still gets the release after
 	// Release returned.
 	ans, err := gather(ctx, b, b.all, fan{deadline: deadline, timeout: timeout, detach: true},
-		func(ctx context.Context, i int) (struct{}, error) { return struct{}{}, b.nodes[i].Release(ctx, r) },
+		func(ctx context.Context, i int) (struct{}, error) {
+			return struct{}{}, b.nodes[i].Release(ctx, nodeRequest(r))
+		},
 		func(ans []answer[struct{}], _ int) (bool, bool) {
 			// Decided once a quorum answered and one of them released it;
 			// "not held" from a quorum waits for the others, in case one of

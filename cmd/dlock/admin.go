@@ -254,6 +254,15 @@ func ownerRelease(ctx context.Context, g *globals, c *conn, key, owner string, a
 	}
 	for i := 0; i < holds; i++ {
 		err := c.backend.Release(ctx, req)
+		if errors.Is(err, dlock.ErrNotHeld) && i == 0 && req.Fence != 0 {
+			// Not a reentrant owner's hold: a lease of its own (redlock
+			// keeps those under a token derived from owner and fence).
+			nr := req
+			nr.Reentrant = false
+			if err = c.backend.Release(ctx, nr); err == nil {
+				req = nr
+			}
+		}
 		if errors.Is(err, dlock.ErrNotHeld) {
 			if i > 0 {
 				break // released meanwhile by its holder

@@ -3,6 +3,7 @@
 package main_test
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -100,4 +101,44 @@ func skipIfMissing(t *testing.T, err error) {
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestRedlockReleaseOwner: `release --owner` frees a Redlock lease that a
+// `dlock run` without --owner holds (its nodes know it under a token derived
+// from owner and fence), and the holder then loses its lease.
+func TestRedlockReleaseOwner(t *testing.T) {
+	t.Parallel()
+	nodes, err := testserver.StartRedisN(3, testserver.RedisOptions{})
+	skipIfMissing(t, err)
+	addrs := make([]string, len(nodes))
+	for i, n := range nodes {
+		t.Cleanup(func() { _ = n.Stop() })
+		addrs[i] = n.Addr()
+	}
+	with := func(args ...string) []string {
+		return append([]string{"--backend", "redlock://" + strings.Join(addrs, ",")}, args...)
+	}
+	key := keyFor(t)
+	holder := startDlock(t, with("run", "--ttl", "5s", key, "--", "sh", "-c", trapScript)...)
+	holder.await("ready")
+
+	in := dlockRun(t, with("inspect", "--json", key)...)
+	assertCode(t, in, 0)
+	var info struct {
+		Held  bool   `json:"held"`
+		Owner string `json:"owner"`
+	}
+	if err := json.Unmarshal([]byte(in.stdout), &info); err != nil || !info.Held || info.Owner == "" {
+		t.Fatalf("inspect --json: got %q (%v), want held with an owner", in.stdout, err)
+	}
+	if strings.Contains(info.Owner, "~") {
+		t.Errorf("inspect: owner %q carries the node token's suffix, want the lease's token", info.Owner)
+	}
+
+	wrong := dlockRun(t, with("release", key, "--owner", info.Owner+"x")...)
+	assertCode(t, wrong, 1)
+	right := dlockRun(t, with("release", key, "--owner", info.Owner)...)
+	assertCode(t, right, 0)
+	r := holder.wait(15 * time.Second)
+	assertCode(t, r, 76)
 }
