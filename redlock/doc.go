@@ -184,20 +184,22 @@
 // on clocks or TTLs at all (financial transfers, leader election), or when
 // you need fair queues; they cost a consensus write per acquisition.
 //
-// Measured (BenchmarkAcquireRelease and BenchmarkAcquireReleaseRTT in
-// this package, go test -bench . -count 6; the range of the medians of
-// three runs on the project's shared 2-core test machine, load average
-// 1–5; uncontended Acquire + Release through dlock.Client, five nodes
-// against one):
+// Measured (BenchmarkInterleaved in this package: one Redlock(5) and one
+// single-node Acquire + Release through dlock.Client per iteration,
+// alternating, go test -bench Interleaved -count 3; the range over three
+// runs on the project's shared 2-core test machine at load average 25,
+// other jobs running):
 //
 //	network between client and nodes   redislock      Redlock(5)     ratio
-//	none (loopback)                    78–121 µs      0.67–1.15 ms   8–12×
-//	2 ms round trip (delaying proxy)   4.7–4.8 ms     8.1–9.0 ms     1.69–1.92×
-//	10 ms round trip (delaying proxy)  21.2–21.7 ms   34.5–36.9 ms   1.63–1.70×
+//	none (loopback)                    128–205 µs     0.80–1.07 ms   5.2–6.2×
+//	2 ms round trip (delaying proxy)   5.1–6.9 ms     6.5–8.4 ms     1.22–1.56×
+//	10 ms round trip (delaying proxy)  21.7–22.4 ms   26.6–32.3 ms   1.19–1.45×
 //
 // Over loopback the client's and the servers' work, five times
-// redislock's, dominates. With a network, three parallel round trips
-// against two make 1.5× the floor, plus waiting for the slowest of five
-// nodes instead of one. The project-wide comparison with etcd, ZooKeeper
+// redislock's on two cores, dominates. With a network, the nodes agreeing
+// on the floor make it two parallel round trips against two; the rest is
+// the wait for the slowest of five nodes instead of one (before the floor,
+// with a write-back round trip on every acquisition: 1.63–1.70× at 10 ms).
+// The project-wide comparison with etcd, ZooKeeper
 // and peer libraries is in docs/BENCHMARKS.md.
 package redlock
