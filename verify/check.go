@@ -427,12 +427,16 @@ func faultFindings(evs []Event, leases []*lease, ttl time.Duration) []FaultFindi
 				w.Effective = e.Count > 0
 				w.Why = fmt.Sprintf("%d connections reset", e.Count)
 			case strings.HasPrefix(w.Detail, "delay"):
-				w.Effective, w.Why = slowOps(evs, w, time.Duration(e.Value))
+				// A client whose per-node timeout is below the delay
+				// (Redlock's) sees failures instead of slow operations.
+				if w.Effective, w.Why = slowOps(evs, w, time.Duration(e.Value)); !w.Effective {
+					w.Effective, w.Why = failedOps(evs, w, ttl)
+				}
 			default:
-				w.Effective, w.Why = failedOps(evs, w, ttl)
+				w.Effective, w.Why = outageOps(evs, w, ttl, e)
 			}
 		default: // restart, restart-persist, server-pause
-			w.Effective, w.Why = failedOps(evs, w, ttl)
+			w.Effective, w.Why = outageOps(evs, w, ttl, e)
 		}
 		out = append(out, w)
 	}
@@ -468,6 +472,63 @@ func failedOps(evs []Event, w FaultFinding, ttl time.Duration) (bool, string) {
 	}
 	return false, "no worker operation failed during the window"
 }
+
+// outageOps judges a window in which nodes were unreachable (restart,
+// server pause, blackhole; e is its event): the workers noticed if an
+// operation failed (failedOps) or waited for the nodes to come back
+// (stalledOps); on a cluster the others may have carried on without them
+// (quorumOps).
+func outageOps(evs []Event, w FaultFinding, ttl time.Duration, e Event) (bool, string) {
+	down := time.Duration(e.Value)
+	if ok, why := failedOps(evs, w, ttl); ok {
+		return true, why
+	}
+	if ok, why := stalledOps(evs, w, down); ok {
+		return true, why
+	}
+	if e.Nodes > 1 {
+		return quorumOps(evs, w, down)
+	}
+	return false, "no worker operation failed or waited for the server"
+}
+
+// stalledOps reports whether a lock operation invoked while the nodes were
+// certainly unreachable completed successfully only after they came back:
+// a client that retries (etcd, ZooKeeper) or waits shows the outage that
+// way instead of failing.
+func stalledOps(evs []Event, w FaultFinding, down time.Duration) (bool, string) {
+	back := w.StartNs + int64(down)
+	for _, e := range evs {
+		if !strings.HasPrefix(e.Proc, "w") || (e.Op != OpAcquire && e.Op != OpRelease) || e.Outcome != OutcomeOK ||
+			e.InvokeNs < w.StartNs || e.InvokeNs >= back || e.CompleteNs <= back {
+			continue
+		}
+		return true, fmt.Sprintf("%s: %s invoked during the outage completed %v later, after it", e.Proc, e.Op,
+			time.Duration(e.CompleteNs-e.InvokeNs).Round(time.Millisecond))
+	}
+	return false, "no lock operation waited for the server"
+}
+
+// quorumOps reports, for a fault on some nodes of a cluster that no worker
+// noticed (a quorum backend masks a minority), whether the others carried
+// on without them: a grant or renewal that began and ended while the nodes
+// were certainly unreachable (down from the window's start). Those nodes
+// missed it — a restarted one comes back without that lease, a paused one
+// holds a stale view — which is the fault's effect on a quorum.
+func quorumOps(evs []Event, w FaultFinding, down time.Duration) (bool, string) {
+	until := w.StartNs + int64(down)
+	for _, e := range evs {
+		if !strings.HasPrefix(e.Proc, "w") || e.Outcome != OutcomeOK || e.InvokeNs < w.StartNs || e.CompleteNs > until {
+			continue
+		}
+		if e.Op == OpAcquire || e.Op == OpRenew {
+			return true, fmt.Sprintf("the other nodes carried on: %s %s fence %d while the node was unreachable", e.Proc, opPast[e.Op], e.Fence)
+		}
+	}
+	return false, "no worker operation failed, and no grant or renewal completed while the node was unreachable"
+}
+
+var opPast = map[string]string{OpAcquire: "was granted", OpRenew: "renewed"}
 
 // slowOps reports whether a release in the window took at least delay.
 func slowOps(evs []Event, w FaultFinding, delay time.Duration) (bool, string) {

@@ -299,6 +299,75 @@ func TestCheckValidity(t *testing.T) {
 			t.Errorf("got %s (%q %q), want PASS", got, f.Violations(), f.Invalid)
 		}
 	})
+	// A server fault no operation failed under: it had an effect if an
+	// operation invoked during the outage waited for its end, or, on one
+	// node of a cluster, if the others granted or renewed while the node
+	// was down (the quorum masked it); otherwise the run is invalid.
+	serverFault := func(kind string, nodes int, downMs int64) verify.Event {
+		return verify.Event{Proc: "nemesis", Op: kind, Target: "server n1", InvokeNs: 150 * ms, CompleteNs: 450 * ms,
+			Outcome: verify.OutcomeOK, Value: downMs * ms, Nodes: nodes}
+	}
+	for _, tc := range []struct {
+		name   string
+		ev     verify.Event
+		kind   string
+		effect bool
+	}{
+		{"restart of the only node, unnoticed", serverFault(verify.FaultRestart, 1, 200), verify.FaultRestart, false},
+		{"restart of one node of three, grant while it was down", serverFault(verify.FaultRestart, 3, 200), verify.FaultRestart, true},
+		{"restart of one node of three, the grant began before", func() verify.Event {
+			e := serverFault(verify.FaultRestart, 3, 200)
+			e.InvokeNs = 205 * ms
+			return e
+		}(), verify.FaultRestart, false},
+		{"pause of one node of three, the grant ended after it was back", serverFault(verify.FaultServerPause, 3, 50), verify.FaultServerPause, false},
+		{"pause of the only node, the grant waited for it", func() verify.Event {
+			e := serverFault(verify.FaultServerPause, 1, 55)
+			e.InvokeNs = 195 * ms // down 195–203 ms: w2.0's grant, invoked at 200, waited until 210
+			e.Value = 8 * ms
+			return e
+		}(), verify.FaultServerPause, true},
+		{"blackhole of one proxy of five", func() verify.Event {
+			e := serverFault(verify.FaultProxy, 5, 200)
+			e.Detail = "blackhole for 200ms"
+			return e
+		}(), verify.FaultProxy, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// The only worker operation in the window: w2.0's grant, 200–210 ms.
+			f := check(t, append(quiet(slices.Clone(base), 1, 2), tc.ev), tc.kind)
+			if len(f.Faults) != 1 || f.Faults[0].Effective != tc.effect {
+				t.Fatalf("got faults %+v, want one with effective %v", f.Faults, tc.effect)
+			}
+			want := "PASS"
+			if !tc.effect {
+				want = "INVALID"
+			}
+			if got := f.Verdict(); got != want {
+				t.Errorf("got %s (%q %q), want %s", got, f.Violations(), f.Invalid, want)
+			}
+		})
+	}
+	// A delay longer than the client's per-node timeout shows as failures,
+	// not as slow releases.
+	t.Run("delay seen as failures", func(t *testing.T) {
+		delay := verify.Event{Proc: "nemesis", Op: verify.FaultProxy, Target: "proxy to n1,n2", InvokeNs: 150 * ms, CompleteNs: 950 * ms,
+			Outcome: verify.OutcomeOK, Value: 80 * ms, Nodes: 3, Detail: "delay 80ms per chunk for 800ms"}
+		failed := verify.Event{Proc: "w2.0", Op: verify.OpRenew, Key: "k", InvokeNs: 400 * ms, CompleteNs: 400 * ms,
+			Outcome: verify.OutcomeFail, Fence: 11, Owner: "B", Err: "quorum not reached"}
+		for _, tc := range []struct {
+			evs    []verify.Event
+			effect bool
+		}{
+			{[]verify.Event{delay}, false},
+			{[]verify.Event{delay, failed}, true},
+		} {
+			f := check(t, append(quiet(slices.Clone(base), 1, 2), tc.evs...), verify.FaultProxy)
+			if len(f.Faults) != 1 || f.Faults[0].Effective != tc.effect {
+				t.Errorf("with %d events: got faults %+v, want one with effective %v", len(tc.evs), f.Faults, tc.effect)
+			}
+		}
+	})
 	t.Run("negative control saw nothing", func(t *testing.T) {
 		evs := append(quiet(slices.Clone(base), 1, 2), pause("A", 50, 250),
 			rw("w2.0", verify.OpRead, verify.ResourceNaive, verify.OutcomeOK, "B", 11, 0, 220, 221),

@@ -18,7 +18,13 @@ import (
 // coordinator calls it once to probe the backend; every worker calls it in
 // its own process. close frees what the factory opened (the driver client)
 // and is called after the dlock.Client built on the Backend is closed.
-type OpenFunc func(ctx context.Context, url string) (b dlock.Backend, close func() error, err error)
+//
+// ttl is Config.TTL, the lease TTL the workers will use. A backend whose
+// connection carries its own timeout must derive it from ttl: a ZooKeeper
+// session timeout longer than the TTL keeps a paused or killed holder's
+// lock alive for the session, not the TTL, so the faults (scaled to the
+// TTL) would never move the lock.
+type OpenFunc func(ctx context.Context, url string, ttl time.Duration) (b dlock.Backend, close func() error, err error)
 
 // WorkerEnv is set to "1" in the environment of every worker process the
 // coordinator starts. A program that re-executes itself as a worker

@@ -221,10 +221,10 @@ func runOnce(ctx context.Context, cfg validated, exp experiment, seed int64, ope
 	if err != nil {
 		return nil, err
 	}
-	res = &RunResult{Backend: cfg.Name, Fault: exp.name, Seed: seed, Duration: cfg.Duration, Dir: r.dir, Findings: f}
+	res = &RunResult{Backend: cfg.Name, Fault: exp.name, Seed: seed, Duration: cfg.Duration, TTL: cfg.TTL, Dir: r.dir, Findings: f}
 	res.Elapsed = time.Since(began)
 	b, _ := json.MarshalIndent(res, "", "  ")
-	if err := os.WriteFile(filepath.Join(r.dir, "summary.json"), b, 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(r.dir, SummaryFile), b, 0o644); err != nil {
 		return nil, fmt.Errorf("verify: %w", err)
 	}
 	return res, nil
@@ -234,7 +234,7 @@ func runOnce(ctx context.Context, cfg validated, exp experiment, seed int64, ope
 func probe(ctx context.Context, open OpenFunc, url, key string, ttl time.Duration) error {
 	pctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
-	b, closeB, err := open(pctx, url)
+	b, closeB, err := open(pctx, url, ttl)
 	if err != nil {
 		return fmt.Errorf("verify: open backend %s: %w", RedactURL(url), err)
 	}
@@ -275,7 +275,7 @@ func (r *run) spec(worker, inc int, resAddr string, quiet bool) workerSpec {
 
 // runInProcess runs the workers as goroutines sharing one Client.
 func (r *run) runInProcess(ctx context.Context, resAddr string) (err error) {
-	b, closeB, err := r.open(ctx, r.workerURL)
+	b, closeB, err := r.open(ctx, r.workerURL, r.cfg.TTL)
 	if err != nil {
 		return fmt.Errorf("verify: open backend %s: %w", RedactURL(r.workerURL), err)
 	}

@@ -75,11 +75,24 @@
 // worker. It is INVALID — not passed — when a requested fault never had its
 // effect (a pause that never caught a holder, a restart no worker noticed)
 // or when, under pauses, the naive register showed no violation at all.
+// A server outage (restart, server pause, proxy blackhole) has its effect
+// when a lock operation failed, or one invoked during the outage waited
+// for its end (clients that retry, as etcd's and ZooKeeper's do), or — on
+// one node of a cluster, which a quorum masks — when the other nodes
+// granted or renewed a lease while that node was unreachable. A proxy
+// delay has its effect when a release took at least the delay or, for
+// clients whose per-node timeout is shorter (Redlock), an operation failed.
+//
+// Each run's RunResult is saved as SummaryFile in its directory;
+// ReadReport reads them back, for one table over campaigns run by
+// separate processes.
 //
 // # Backends
 //
 // The harness needs a backend that several processes can share: a server.
 // memlock lives in one process; with Config.InProcess the workers are
-// goroutines sharing one Client, without faults. The OpenFunc keeps this
+// goroutines sharing one Client, without faults. A backend whose
+// connection has its own timeout (a ZooKeeper session) must derive it from
+// the TTL the OpenFunc receives. The OpenFunc keeps this
 // package independent of the backends: the program maps URLs to backends.
 package verify

@@ -17,6 +17,11 @@ import (
 // note of the coordinator. Times are CLOCK_MONOTONIC nanoseconds, one
 // clock for every process on the machine.
 //
+// Fault windows use Value for a duration in nanoseconds: proxy delay: the
+// delay per chunk; proxy blackhole, restart, restart-persist, server-pause:
+// how long, from InvokeNs, the node certainly was unreachable (the rest of
+// the window is the restart or the heal).
+//
 // Worker operations are written twice: a line with Outcome "invoke" when
 // they start and one with the result when they end, with the same Seq.
 // ReadHistory pairs them; an operation whose process died before it ended
@@ -32,7 +37,7 @@ type Event struct {
 	Fence      uint64 `json:"fence,omitempty"`     // the lease's fence
 	Owner      string `json:"owner,omitempty"`     // the lease's owner token
 	Err        string `json:"err,omitempty"`       // the error, when there was one
-	Value      int64  `json:"value,omitempty"`     // read: the value read; write: the value written; final: the register
+	Value      int64  `json:"value,omitempty"`     // read: the value read; write: the value written; final: the register; fault: see below
 	Count      int64  `json:"count,omitempty"`     // final: increments in the log; proxy reset: connections reset
 	ExpiresNs  int64  `json:"expiresNs,omitempty"` // acquire, renew: the lease's conservative expiry (dlock.Lease.Expires)
 	Phase      string `json:"phase,omitempty"`     // "quiet" for the final acquisition of each worker
@@ -40,6 +45,7 @@ type Event struct {
 	PID        int    `json:"pid,omitempty"`       // spawn: the process id
 	Target     string `json:"target,omitempty"`    // fault: the process or server hit
 	Detail     string `json:"detail,omitempty"`    // fault: mode and parameters
+	Nodes      int    `json:"nodes,omitempty"`     // server and proxy faults: lock server nodes in the cluster
 	Effective  *bool  `json:"effective,omitempty"` // set by Check on fault events it judged
 }
 

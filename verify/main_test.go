@@ -29,7 +29,7 @@ func TestMain(m *testing.M) {
 
 // open is the tests' URL factory: redis:// on redislock, mem:// on one
 // shared memlock (in-process workers only).
-func open(_ context.Context, url string) (dlock.Backend, func() error, error) {
+func open(_ context.Context, url string, _ time.Duration) (dlock.Backend, func() error, error) {
 	switch {
 	case strings.HasPrefix(url, "redis://"):
 		opts, err := redis.ParseURL(url)

@@ -235,6 +235,7 @@ func (r *run) inject(ctx context.Context, p plan, resAddr string) error {
 			persist = "with"
 		}
 		r.window(Event{Op: p.kind, InvokeNs: start, Outcome: OutcomeOK, Target: "server " + addr, Owner: h.owner, Fence: h.fence,
+			Value: int64(p.length), Nodes: len(r.servers.nodes),
 			Detail: fmt.Sprintf("SIGKILL, down %v, restarted %s persistence", p.length.Round(time.Millisecond), persist)})
 
 	case FaultServerPause:
@@ -250,6 +251,7 @@ func (r *run) inject(ctx context.Context, p plan, resAddr string) error {
 			return fmt.Errorf("verify: resume lock server %s: %w", addr, err)
 		}
 		r.window(Event{Op: p.kind, InvokeNs: start, Outcome: OutcomeOK, Target: "server " + addr, Owner: h.owner, Fence: h.fence,
+			Value: int64(p.length), Nodes: len(r.servers.nodes),
 			Detail: fmt.Sprintf("SIGSTOP for %v (%.2f × TTL)", p.length.Round(time.Millisecond), float64(p.length)/float64(ttl))})
 
 	case FaultProxy:
@@ -262,7 +264,7 @@ func (r *run) inject(ctx context.Context, p plan, resAddr string) error {
 		}
 		h := r.currentHolder()
 		start := monoNow()
-		e := Event{Op: p.kind, InvokeNs: start, Outcome: OutcomeOK, Target: "proxy to " + target, Owner: h.owner, Fence: h.fence}
+		e := Event{Op: p.kind, InvokeNs: start, Outcome: OutcomeOK, Target: "proxy to " + target, Owner: h.owner, Fence: h.fence, Nodes: len(r.proxies)}
 		switch p.mode {
 		case 0:
 			d := ttl / 5
@@ -283,6 +285,7 @@ func (r *run) inject(ctx context.Context, p plan, resAddr string) error {
 			for _, n := range p.nodes {
 				r.proxies[n].blackhole(false)
 			}
+			e.Value = int64(p.length)
 			e.Detail = fmt.Sprintf("blackhole for %v (%.2f × TTL)", p.length.Round(time.Millisecond), float64(p.length)/float64(ttl))
 		default:
 			for _, n := range p.nodes {

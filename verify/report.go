@@ -1,7 +1,12 @@
 package verify
 
 import (
+	"cmp"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -15,6 +20,7 @@ type RunResult struct {
 	Fault    string        // the experiment, e.g. "pause" or "pause+kill"
 	Seed     int64         // replays the fault schedule
 	Duration time.Duration // the fault phase
+	TTL      time.Duration // the workers' lease TTL (Config.TTL)
 	Elapsed  time.Duration // the whole run, servers included
 	Dir      string        // the run's directory under Config.OutDir
 	Findings *Findings
@@ -87,6 +93,67 @@ func (r *Report) Merge(others ...*Report) *Report {
 		}
 	}
 	return out
+}
+
+// SummaryFile is the name of the file, in each run's directory, that holds
+// its RunResult as JSON.
+const SummaryFile = "summary.json"
+
+// ReadReport reads the RunResults that earlier calls of Run wrote below
+// dirs (each an OutDir, or any directory above runs' directories), for one
+// table over campaigns run by separate processes. The runs are ordered by
+// the position of their dir in dirs, then by backend, then experiment (in
+// the order of FaultNames, by its first fault), then seed. OutDir is
+// dirs[0]. Reading no run at all is an error.
+func ReadReport(dirs ...string) (*Report, error) {
+	type keyed struct {
+		dir int
+		run *RunResult
+	}
+	var all []keyed
+	for i, dir := range dirs {
+		err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() || d.Name() != SummaryFile {
+				return err
+			}
+			b, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			var r RunResult
+			if err := json.Unmarshal(b, &r); err != nil {
+				return fmt.Errorf("%s: %w", path, err)
+			}
+			if r.Findings == nil {
+				return fmt.Errorf("%s: no findings", path)
+			}
+			all = append(all, keyed{i, &r})
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("verify: read report: %w", err)
+		}
+	}
+	if len(all) == 0 {
+		return nil, errors.New("verify: read report: no " + SummaryFile + " below " + strings.Join(dirs, ", "))
+	}
+	rank := func(fault string) int {
+		first, _, _ := strings.Cut(fault, "+")
+		if i := slices.Index(faultNames, first); i >= 0 {
+			return i
+		}
+		return len(faultNames)
+	}
+	slices.SortStableFunc(all, func(a, b keyed) int {
+		return cmp.Or(cmp.Compare(a.dir, b.dir), cmp.Compare(a.run.Backend, b.run.Backend),
+			cmp.Compare(rank(a.run.Fault), rank(b.run.Fault)), cmp.Compare(a.run.Fault, b.run.Fault),
+			cmp.Compare(a.run.Seed, b.run.Seed))
+	})
+	rep := &Report{OutDir: dirs[0]}
+	for _, k := range all {
+		rep.Runs = append(rep.Runs, k.run)
+	}
+	return rep, nil
 }
 
 // Rows sums the runs up per backend × experiment, in order of first

@@ -3,6 +3,7 @@ package verify_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -281,5 +282,49 @@ func TestCancel(t *testing.T) {
 	}
 	if d := time.Since(start); d > 20*time.Second {
 		t.Errorf("Run took %v after cancellation, want it prompt", d)
+	}
+}
+
+// ReadReport reads back the runs of separate calls of Run: the same rows
+// as merging their Reports, in a stable order.
+func TestReadReport(t *testing.T) {
+	cfg := verify.DefaultConfig()
+	cfg.BackendURL = "mem://"
+	cfg.InProcess = true
+	cfg.Faults = []string{verify.FaultNone}
+	cfg.Duration = 500 * time.Millisecond
+	cfg.TTL = 50 * time.Millisecond
+	cfg.Workers = 2
+	var reps []*verify.Report
+	var dirs []string
+	for i, name := range []string{"mem-b", "mem-a"} {
+		c := cfg
+		c.Name = name
+		c.Runs = 2 - i
+		c.OutDir = t.TempDir()
+		rep, err := verify.Run(context.Background(), c, open)
+		if err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		reps = append(reps, rep)
+		dirs = append(dirs, c.OutDir)
+	}
+	got, err := verify.ReadReport(dirs...)
+	if err != nil {
+		t.Fatalf("ReadReport: %v", err)
+	}
+	want := reps[0].Merge(reps[1])
+	if g, w := fmt.Sprint(got.Rows()), fmt.Sprint(want.Rows()); g != w {
+		t.Errorf("got rows\n%s\nwant\n%s", g, w)
+	}
+	var order []string
+	for _, r := range got.Runs {
+		order = append(order, fmt.Sprintf("%s/%s/%d", r.Backend, r.Fault, r.Seed))
+	}
+	if g, w := strings.Join(order, " "), "mem-b/none/1 mem-b/none/2 mem-a/none/1"; g != w {
+		t.Errorf("got runs %s, want %s", g, w)
+	}
+	if _, err := verify.ReadReport(t.TempDir()); err == nil {
+		t.Error("ReadReport of an empty directory: got nil error, want one")
 	}
 }

@@ -121,7 +121,7 @@ func runWorker(ctx context.Context, spec workerSpec, open OpenFunc, shared *dloc
 
 	client := shared
 	if client == nil {
-		b, closeB, err := open(ctx, spec.Backend)
+		b, closeB, err := open(ctx, spec.Backend, spec.TTL)
 		if err != nil {
 			return fmt.Errorf("verify: worker %s: open backend %s: %w", spec.Proc, RedactURL(spec.Backend), err)
 		}

@@ -15,14 +15,16 @@ import (
 
 // openURL is the verify harness's backend factory: the CLI's own URL
 // parsing and connection code, used by the coordinator and by every
-// worker process.
+// worker process. The harness's lease TTL is the longest lease taken, so
+// ZooKeeper sessions are opened with it: a longer session would keep a
+// paused or killed holder's lock past the TTL the faults are scaled to.
 func openURL(timeout time.Duration) verify.OpenFunc {
-	return func(ctx context.Context, url string) (dlock.Backend, func() error, error) {
+	return func(ctx context.Context, url string, ttl time.Duration) (dlock.Backend, func() error, error) {
 		spec, err := parseBackendURL(url)
 		if err != nil {
 			return nil, nil, err
 		}
-		c, err := openBackend(ctx, spec, timeout, dlock.DefaultTTL)
+		c, err := openBackend(ctx, spec, timeout, ttl)
 		if err != nil {
 			return nil, nil, err
 		}
