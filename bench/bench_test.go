@@ -28,7 +28,7 @@ func TestMain(m *testing.M) {
 }
 
 // TestQuickRun runs the runner in quick mode on S1 and S3 for dlock's
-// redislock, one peer and the floor, and checks that the report has its
+// redislock, one peer and the two floors, and checks that the report has its
 // tables, rows and charts. It does not judge the figures.
 func TestQuickRun(t *testing.T) {
 	if testing.Short() {
@@ -41,7 +41,7 @@ func TestQuickRun(t *testing.T) {
 	out := filepath.Join(dir, "BENCHMARKS.md")
 	var stderr bytes.Buffer
 	start := time.Now()
-	err := run1([]string{"-quick", "-scenarios", "S1,S3", "-backends", "floor,redislock,bsm", "-out", out}, io.Discard, &stderr)
+	err := run1([]string{"-quick", "-scenarios", "S1,S3", "-backends", "floor,fenced-floor,redislock,bsm", "-out", out}, io.Discard, &stderr)
 	if err != nil {
 		t.Fatalf("run1: got error %v, want nil; log:\n%s", err, stderr.String())
 	}
@@ -56,6 +56,8 @@ func TestQuickRun(t *testing.T) {
 		"| backend | server | ops/s | × floor | × best peer |",
 		"| backend | server | waits by | acq/s | hand-offs/s |",
 		"| **dlock redislock** | Redis |", "| bsm/redislock | Redis |", "| floor: SET NX PX + Lua delete | Redis |",
+		"| fenced floor: 5-call Lua acquire + 2-call Lua release | Redis |",
+		"S1 (for information, no target): dlock redislock against the fenced floor",
 		"cd bench && go run . -quick -scenarios S1,S3",
 		"![S1 latency](bench/s1_latency.svg)", "![S3 hand-offs and fairness](bench/s3_handoffs_fairness.svg)",
 		"S2 — parallel: 32 goroutines on 32 keys, one client: not selected",
@@ -81,12 +83,45 @@ func TestQuickRun(t *testing.T) {
 	}
 }
 
+// TestQuickS5 runs S5 in quick mode with -s5-leases for dlock's redislock
+// and memlock (each in its measurement child) and checks the table: the
+// leases asked for, all taken, none lost.
+func TestQuickS5(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts redis-server and holds leases for a few seconds; skipped with -short")
+	}
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		t.Skip("redis-server not installed (scripts/install-servers.sh installs it)")
+	}
+	var stdout, stderr bytes.Buffer
+	err := run1([]string{"-quick", "-scenarios", "S5", "-backends", "redislock,memlock", "-s5-leases", "300"}, &stdout, &stderr)
+	if err != nil {
+		t.Fatalf("run1: got error %v, want nil; log:\n%s", err, stderr.String())
+	}
+	md := stdout.String()
+	for _, want := range []string{
+		"One client takes 300 leases",
+		"| **dlock redislock** | Redis | 300 |",
+		"| **dlock memlock** | in-process | 300 |",
+		"| S5: dlock redislock — no lease lost | 0 of 300 lost; 300 held on the server | ✅ met |",
+		"| S5: dlock memlock — no lease lost | 0 of 300 lost | ✅ met |",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q; got:\n%s\nlog:\n%s", want, md, stderr.String())
+		}
+	}
+	if strings.Contains(md, "Incomplete fills") {
+		t.Errorf("report says a fill was incomplete:\n%s", md)
+	}
+}
+
 func TestBadCommandLine(t *testing.T) {
 	for _, args := range [][]string{
 		{"-scenarios", "S9"},
 		{"-backends", "nosuch"},
 		{"-chart-format", "gif"},
 		{"-runs", "-1"},
+		{"-s5-leases", "-1"},
 		{"stray"},
 	} {
 		err := run1(args, io.Discard, io.Discard)

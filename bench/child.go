@@ -33,6 +33,10 @@ type childSpec struct {
 
 const resultPrefix = "RESULT "
 
+// notePrefix starts a line of the child for the parent's log (why leases
+// were lost, where a stalled library's goroutines are).
+const notePrefix = "NOTE "
+
 // runChild measures what spec says and prints one RESULT line.
 func runChild(raw string) error {
 	var spec childSpec
@@ -95,6 +99,11 @@ func measureS5(e *env, c config, s *subject, run int) (metrics, error) {
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	runErr := cmd.Run()
+	for _, line := range strings.Split(stdout.String(), "\n") {
+		if note, ok := strings.CutPrefix(line, notePrefix); ok {
+			fmt.Fprintf(os.Stderr, "%s S5 %s: %s\n", time.Now().Format("15:04:05"), s.id, note)
+		}
+	}
 	for _, line := range strings.Split(stdout.String(), "\n") {
 		if js, ok := strings.CutPrefix(line, resultPrefix); ok {
 			var m metrics

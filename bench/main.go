@@ -1,6 +1,7 @@
 // Command bench measures dlock's backends against the Go lock libraries
 // people use (redsync, bsm/redislock, rueidislock, etcd's
-// concurrency.Mutex, go-zookeeper's zk.Lock) and a raw SET NX PX floor, on
+// concurrency.Mutex, go-zookeeper's zk.Lock), a raw SET NX PX floor and a
+// fenced floor (the least a lock with redislock's fencing tokens can do), on
 // real servers it starts itself on loopback, and writes a markdown report
 // with charts.
 //
@@ -46,6 +47,7 @@ type options struct {
 	format    string
 	quick     bool
 	runs      int
+	s5Leases  int
 	render    string
 	label     string
 }
@@ -55,12 +57,13 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.scenarios, "scenarios", "S1,S2,S3,S4,S5,S6", "comma-separated scenarios to run (S1…S6)")
-	fs.StringVar(&o.backends, "backends", "all", "comma-separated subjects: floor, redislock, redislock-fifo, redlock, etcdlock, zklock, memlock, memlock-fifo, redsync, redsync5, bsm, rueidislock, etcd-mutex, zk-lock; or all")
+	fs.StringVar(&o.backends, "backends", "all", "comma-separated subjects: floor, fenced-floor, redislock, redislock-fifo, redlock, etcdlock, zklock, memlock, memlock-fifo, redsync, redsync5, bsm, rueidislock, etcd-mutex, zk-lock; or all")
 	fs.StringVar(&o.out, "out", "", "markdown report to write (default: standard output)")
 	fs.StringVar(&o.charts, "charts", "", "directory for the charts (default: bench/ next to -out; none without -out)")
 	fs.StringVar(&o.format, "chart-format", "svg", "chart format: svg or png")
 	fs.BoolVar(&o.quick, "quick", false, "short smoke run (well under a minute for S1+S3): one repetition, short durations, small S5")
 	fs.IntVar(&o.runs, "runs", 0, "repetitions of S1, S2, S3, S6 and S4 (default 5, 1 with -quick)")
+	fs.IntVar(&o.s5Leases, "s5-leases", 0, "leases S5 takes (default 100,000, 500 with -quick)")
 	fs.StringVar(&o.label, "label", "", "what code is measured, for the report (default: git describe of the repository)")
 	fs.StringVar(&o.render, "render", "", "render the report again from a results.json of an earlier run, without measuring")
 	if err := fs.Parse(args); err != nil {
@@ -74,6 +77,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	}
 	if o.runs < 0 {
 		return o, fmt.Errorf("-runs %d: want ≥ 1", o.runs)
+	}
+	if o.s5Leases < 0 {
+		return o, fmt.Errorf("-s5-leases %d: want ≥ 1", o.s5Leases)
 	}
 	return o, nil
 }
@@ -98,6 +104,9 @@ func run1(args []string, stdout, stderr io.Writer) error {
 	}
 	if o.runs > 0 {
 		c.runs, c.s4Reps = o.runs, o.runs
+	}
+	if o.s5Leases > 0 {
+		c.s5Leases = o.s5Leases
 	}
 	subs, err := selectSubjects(o.backends)
 	if err != nil {

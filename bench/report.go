@@ -73,7 +73,11 @@ func (r *report) markdown() string {
 
 	w("## Method\n\n")
 	w("- **Subjects.** *floor*: the least a Redis lock can do — `SET key token NX PX ttl` per attempt, a 2 ms sleep between attempts, ")
-	w("release with a Lua compare-and-delete (EVALSHA), no renewal. *dlock*: this repository's backends through `dlock.Client` with ")
+	w("release with a Lua compare-and-delete (EVALSHA), no renewal. *fenced floor*: the least a Redis lock with redislock's fencing ")
+	w("tokens can do, the scripts of `redislock/bench_test.go`'s `BenchmarkFencedFloor` — acquire is one EVALSHA of five ")
+	w("`redis.call`s (EXISTS, TIME, SET … GET on a fence counter, HSET owner and fence, PEXPIRE), release one EVALSHA of two ")
+	w("(HMGET, DEL); 2 ms between attempts, no renewal. *× floor* is always against the raw floor. ")
+	w("*dlock*: this repository's backends through `dlock.Client` with ")
 	w("default options (wait strategy `Exponential(10ms, 1s)` as a ceiling, watchdog on). *Peers*: redsync and bsm/redislock poll; ")
 	w("they are given the same 2 ms retry interval as the floor (faster than their defaults — redsync's is a random 50–250 ms, ")
 	w("bsm's is no retry at all — which favours them on hand-offs and costs them requests); redsync's tries are unlimited so the ")
@@ -99,6 +103,14 @@ func (r *report) markdown() string {
 		w("| %s | %s | %s |\n", t.what, t.figure, t.status)
 	}
 	w("\n")
+	// Why a target was not met: remarks added by hand after the run.
+	if len(r.notes["targets"]) > 0 {
+		w("Targets not met, and why as far as measured (remarks added after the run; each is left for a follow-up):\n\n")
+		for _, n := range r.notes["targets"] {
+			w("- %s\n", n)
+		}
+		w("\n")
+	}
 
 	for _, res := range r.results {
 		r.writeScenario(&b, res)
@@ -177,6 +189,30 @@ func (r *report) writeScenario(b *strings.Builder, res *result) {
 			}
 		}
 		var failed []string
+		if sc.id == "S5" {
+			for _, o := range measured {
+				n, want := o.value("leases"), float64(r.c.s5Leases)
+				if n >= want && !(o.value("fill errors") > 0) {
+					continue
+				}
+				line := fmt.Sprintf("%s took %s of %s leases in %s s (the fill stops after %s)", o.s.name, num(n, 0), num(want, 0), num(o.value("fill s"), 0), r.c.s5FillMax)
+				if fe := o.value("fill errors"); fe > 0 {
+					line += fmt.Sprintf("; %s acquisitions failed", num(fe, 0))
+					if st := o.value("fill stalls"); st > 0 {
+						line += fmt.Sprintf(", %s of them stalled (no return within %s)", num(st, 0), opTimeout)
+					}
+				}
+				failed = append(failed, line)
+			}
+			if len(failed) > 0 {
+				w("Incomplete fills:\n\n")
+				for _, f := range failed {
+					w("- %s\n", f)
+				}
+				w("\n")
+				failed = nil
+			}
+		}
 		for _, o := range measured {
 			if len(o.errs) > 0 {
 				failed = append(failed, fmt.Sprintf("%s: %d failed run(s), first: %s", o.s.name, len(o.errs), o.errs[0]))
@@ -335,6 +371,16 @@ func (r *report) targets() []target {
 		}
 	}
 
+	if d, ff, f := measured(s1, "redislock"), measured(s1, "fenced-floor"), measured(s1, "floor"); d != nil && ff != nil {
+		// Information: how much of the gap to the raw floor is fencing.
+		fig := fmt.Sprintf("dlock redislock %s ops/s = %.2f× the fenced floor (%s ops/s)",
+			num(d.value("ops/s"), 0), d.value("ops/s")/ff.value("ops/s"), num(ff.value("ops/s"), 0))
+		if f != nil {
+			fig += fmt.Sprintf("; the fenced floor = %.2f× the raw floor", ff.value("ops/s")/f.value("ops/s"))
+		}
+		ts = append(ts, target{"S1 (for information, no target): dlock redislock against the fenced floor (ops/s)", fig, "—"})
+	}
+
 	// S3 (issue 8 and issue 3)
 	s3 := r.result("S3")
 	{
@@ -392,13 +438,27 @@ func (r *report) targets() []target {
 				continue
 			}
 			what := fmt.Sprintf("S4: %s — a waiter acquires within TTL + 50 ms of the crash", o.s.name)
+			// A failed run is a waiter that did not get the lock: the
+			// target is not met, whatever the other runs did.
+			failed := ""
+			if len(o.errs) > 0 {
+				failed = fmt.Sprintf("%d of %d runs failed: %s", len(o.errs), len(o.errs)+len(o.runs), o.errs[0])
+			}
 			if o.med == nil {
-				notMeasured(what, o.skip)
+				if failed != "" {
+					ts = append(ts, target{what, failed, notMet})
+				} else {
+					notMeasured(what, o.skip)
+				}
 				continue
 			}
 			limit := float64((r.c.s4TTL + 50*time.Millisecond) / time.Millisecond)
 			mx := o.value("recovery max")
-			ts = append(ts, target{what, fmt.Sprintf("median %s ms, max %s ms (limit %s ms)", num(o.value("recovery ms"), 0), num(mx, 0), num(limit, 0)), verdict(mx <= limit)})
+			fig := fmt.Sprintf("median %s ms, max %s ms (limit %s ms)", num(o.value("recovery ms"), 0), num(mx, 0), num(limit, 0))
+			if failed != "" {
+				fig += "; " + failed
+			}
+			ts = append(ts, target{what, fig, verdict(mx <= limit && failed == "")})
 		}
 	} else {
 		notMeasured("S4: a waiter acquires within TTL + 50 ms of the crash", "scenario not run")
@@ -412,24 +472,46 @@ func (r *report) targets() []target {
 				continue
 			}
 			if o.med == nil {
-				notMeasured(fmt.Sprintf("S5: %s — batched renewal, ≤ 1 KiB heap per lease, none lost", o.s.name), o.skip)
+				what := fmt.Sprintf("S5: %s — batched renewal, ≤ 1 KiB heap per lease, none lost", o.s.name)
+				if len(o.errs) > 0 {
+					ts = append(ts, target{what, "every run failed: " + o.errs[0], notMet})
+				} else {
+					notMeasured(what, o.skip)
+				}
 				continue
 			}
+			// The targets are for c.s5Leases leases: with fewer taken,
+			// none is met, whatever the figures of the smaller count.
+			n := o.value("leases")
+			short := ""
+			if want := float64(r.c.s5Leases); n < want {
+				short = fmt.Sprintf(" — only %s of %s leases taken in the %s fill limit", num(n, 0), num(want, 0), r.c.s5FillMax)
+			}
+			lost := o.value("lost")
 			if !math.IsNaN(o.value("rt/1k/tick")) {
 				v := o.value("rt/1k/tick")
+				fig := fmt.Sprintf("%.2f (%s round trips/s for %s leases)", v, num(o.value("rt/s"), 1), num(n, 0)) + short
+				if lost > 0 {
+					// A lost lease is no longer renewed: the figure
+					// understates the cost of keeping them all.
+					fig += fmt.Sprintf("; %s of them lost, no longer renewed", num(lost, 0))
+				}
 				ts = append(ts, target{fmt.Sprintf("S5: %s — ≤ 1 round trip per server per 1,000 leases per tick", o.s.name),
-					fmt.Sprintf("%.2f (%s round trips/s for %s leases)", v, num(o.value("rt/s"), 1), num(o.value("leases"), 0)), verdict(v <= 1)})
+					fig, verdict(v <= 1 && short == "" && !(lost > 0))})
 			}
 			hb := o.value("heap B/l")
 			ts = append(ts, target{fmt.Sprintf("S5: %s — client heap ≤ 1 KiB per lease", o.s.name),
-				fmt.Sprintf("%s B/lease (+ %s B/lease of goroutine stacks)", num(hb, 0), num(o.value("stack B/l"), 0)), verdict(hb <= 1024)})
-			lost := o.value("lost")
-			fig := fmt.Sprintf("%s of %s lost", num(lost, 0), num(o.value("leases"), 0))
-			ok := lost == 0
+				fmt.Sprintf("%s B/lease (+ %s B/lease of goroutine stacks)", num(hb, 0), num(o.value("stack B/l"), 0)) + short, verdict(hb <= 1024 && short == "")})
+			fig := fmt.Sprintf("%s of %s lost", num(lost, 0), num(n, 0))
+			if at := o.value("lost at fill"); at > 0 {
+				fig += fmt.Sprintf(" (%s of them already at the end of the fill)", num(at, 0))
+			}
+			ok := lost == 0 && short == ""
 			if on := o.value("on server"); !math.IsNaN(on) {
 				fig += fmt.Sprintf("; %s held on the server", num(on, 0))
 				ok = ok && on == o.value("leases")
 			}
+			fig += short
 			ts = append(ts, target{fmt.Sprintf("S5: %s — no lease lost", o.s.name), fig, verdict(ok)})
 		}
 	} else {

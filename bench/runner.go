@@ -77,10 +77,11 @@ func (r *result) find(id string) *outcome {
 	return nil
 }
 
-// floor returns the floor's outcome, nil if it was not measured.
+// floor returns the raw floor's outcome ("× floor" divides by it), nil if
+// it was not measured.
 func (r *result) floor() *outcome {
 	for _, o := range r.outs {
-		if o.s.role == roleFloor && o.med != nil {
+		if o.s.id == "floor" && o.med != nil {
 			return o
 		}
 	}
@@ -351,7 +352,8 @@ func allScenarios() []*scenario {
 		},
 		{
 			id: "S5", title: "S5 — scale: 100,000 leases held with auto-renew",
-			about: "One client takes %s leases (64 at a time) with TTL %s and keeps them for %s " +
+			about: "One client takes %s leases (64 at a time; an acquire that has not returned after %s is " +
+				"abandoned and its goroutine stops filling) with TTL %s and keeps them for %s " +
 				"with its own renewal; then checks that none was lost (the library's own signal, " +
 				"and the locks still present on the server where it can be counted). Round trips " +
 				"are counted on the client's sockets during the hold; a tick is TTL/3 (dlock's " +
@@ -419,7 +421,7 @@ func about(sc *scenario, c config) string {
 	case "S4":
 		return fmt.Sprintf(sc.about, c.s4TTL, c.s4Reps)
 	case "S5":
-		return fmt.Sprintf(sc.about, num(float64(c.s5Leases), 0), c.s5TTL, c.s5Hold)
+		return fmt.Sprintf(sc.about, num(float64(c.s5Leases), 0), opTimeout, c.s5TTL, c.s5Hold)
 	case "S6":
 		return fmt.Sprintf(sc.about, c.s6Down, c.s6Dur, c.runs)
 	}

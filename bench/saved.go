@@ -23,7 +23,9 @@ type saved struct {
 	Results  []savedResult `json:"results"`
 	Skipped  []string      `json:"skipped_scenarios"`
 	// Notes are remarks added to a scenario's section by hand after the
-	// run (by scenario id); they never change a figure.
+	// run (by scenario id; "targets" for the list under the targets
+	// table, such as why a target was not met); they never change a
+	// figure.
 	Notes map[string][]string `json:"notes,omitempty"`
 }
 

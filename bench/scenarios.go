@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"runtime"
+	"runtime/pprof"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -428,7 +431,7 @@ func measureS5Local(e *env, c config, s *subject, run int) (metrics, error) {
 
 	// Fill, 64 at a time, until done or c.s5FillMax.
 	var next atomic.Int64
-	var failed atomic.Int64
+	var failed, stalled atomic.Int64
 	var firstErr atomic.Pointer[error]
 	fillStart := time.Now()
 	var wg sync.WaitGroup
@@ -441,15 +444,42 @@ func measureS5Local(e *env, c config, s *subject, run int) (metrics, error) {
 				if i >= len(keys) {
 					return
 				}
+				// The lock's context must outlive the call (rueidislock
+				// releases a lock when it ends), so the call runs without
+				// a deadline and is abandoned if it does not return within
+				// opTimeout: a library that stalls ends the fill with what
+				// it took instead of hanging the measurement.
 				ctx, cancel := opCtx()
-				h, err := l.lock(context.WithoutCancel(ctx), keys[i])
+				type result struct {
+					h   held
+					err error
+				}
+				done := make(chan result, 1)
+				go func() {
+					h, err := l.lock(context.WithoutCancel(ctx), keys[i])
+					done <- result{h, err}
+				}()
+				var r result
+				stuck := false
+				select {
+				case r = <-done:
+				case <-ctx.Done():
+					stuck = true
+					r.err = fmt.Errorf("an acquire did not return within %v (stalled)", opTimeout)
+					if stalled.Add(1) == 1 {
+						dumpStacks(s.id)
+					}
+				}
 				cancel()
-				if err != nil {
+				if r.err != nil {
 					failed.Add(1)
-					firstErr.CompareAndSwap(nil, &err)
+					firstErr.CompareAndSwap(nil, &r.err)
+					if stuck {
+						return // this worker's acquire is stuck
+					}
 					continue
 				}
-				hs[i] = h
+				hs[i] = r.h
 			}
 		}()
 	}
@@ -468,6 +498,12 @@ func measureS5Local(e *env, c config, s *subject, run int) (metrics, error) {
 		return nil, errors.New("no lease taken")
 	}
 	m1 := memStats()
+	lostAtFill := 0
+	for _, h := range hs {
+		if h != nil && h.lost() {
+			lostAtFill++
+		}
+	}
 
 	if err := countStart(e, s, cnt); err != nil {
 		return nil, err
@@ -481,20 +517,39 @@ func measureS5Local(e *env, c config, s *subject, run int) (metrics, error) {
 		return nil, err
 	}
 	lost := 0
+	causes := map[string]int{}
 	for _, h := range hs {
 		if h != nil && h.lost() {
 			lost++
+			if lc, ok := h.(lossCauser); ok {
+				causes[lc.lossCause()]++
+			}
 		}
 	}
+	// The three commonest causes go to the parent's log (measureS5
+	// forwards these lines).
+	order := make([]string, 0, len(causes))
+	for cause := range causes {
+		order = append(order, cause)
+	}
+	slices.SortFunc(order, func(a, b string) int { return causes[b] - causes[a] })
+	for i, cause := range order[:min(3, len(order))] {
+		if len(cause) > 400 {
+			cause = cause[:400] + "…"
+		}
+		fmt.Fprintf(os.Stdout, "%slost: cause %d of %d distinct, %d lease(s): %s\n", notePrefix, i+1, len(order), causes[order[i]], cause)
+	}
 	m := metrics{
-		"leases":      float64(n),
-		"fill s":      fill.Seconds(),
-		"cpu s":       cpu.Seconds(),
-		"heap B/l":    float64(int64(m1.heap)-int64(m0.heap)) / float64(n),
-		"stack B/l":   max(0, float64(int64(m1.stack)-int64(m0.stack))/float64(n)),
-		"goroutines":  float64(m1.goroutines - m0.goroutines),
-		"lost":        float64(lost),
-		"fill errors": float64(failed.Load()),
+		"leases":       float64(n),
+		"fill s":       fill.Seconds(),
+		"cpu s":        cpu.Seconds(),
+		"heap B/l":     float64(int64(m1.heap)-int64(m0.heap)) / float64(n),
+		"stack B/l":    max(0, float64(int64(m1.stack)-int64(m0.stack))/float64(n)),
+		"goroutines":   float64(m1.goroutines - m0.goroutines),
+		"lost":         float64(lost),
+		"lost at fill": float64(lostAtFill),
+		"fill errors":  float64(failed.Load()),
+		"fill stalls":  float64(stalled.Load()),
 	}
 	if s.server != srvMem {
 		tick := c.s5TTL / 3
@@ -587,4 +642,19 @@ func stopNodes(e *env, n int) (restart func() error, err error) {
 		}
 		return errors.Join(errs...)
 	}, nil
+}
+
+// dumpStacks writes every goroutine's stack to a file in the temporary
+// directory and names it on a note line, for the parent's log: why a
+// library's acquire stalled.
+func dumpStacks(subject string) {
+	f, err := os.CreateTemp("", "dlock-bench-s5-"+subject+"-stacks-*.txt")
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	if err := pprof.Lookup("goroutine").WriteTo(f, 1); err != nil {
+		return
+	}
+	fmt.Fprintf(os.Stdout, "%sfill stalled: goroutine stacks in %s\n", notePrefix, f.Name())
 }

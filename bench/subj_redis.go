@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -79,6 +80,105 @@ func (h *floorHeld) unlock(ctx context.Context) error {
 
 func (h *floorHeld) lost() bool { return false }
 
+// ---- the fenced floor: the least a lock with redislock's fencing can do ----
+
+// fencedAcquire and fencedRelease are copied from redislock/bench_test.go
+// (BenchmarkFencedFloor; this module cannot import test files): the fence
+// max(counter+1, server TIME in µs) kept in a companion key, the lock a
+// hash {owner, fence} with a TTL. Five redis.calls to acquire (EXISTS,
+// TIME, SET ... GET, HSET, PEXPIRE), two to release (HMGET, DEL) — what
+// redislock's acquire.lua and release.lua make in the common case, without
+// their FIFO queue, reentrancy, claim and wrong-type handling.
+var (
+	fencedAcquire = redis.NewScript(`
+if redis.call('EXISTS', KEYS[1]) == 1 then return {0, redis.call('PTTL', KEYS[1])} end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local last = tonumber(redis.call('SET', KEYS[2], string.format('%.0f', now), 'GET'))
+if last and last >= now then
+  now = last + 1
+  redis.call('SET', KEYS[2], string.format('%.0f', now))
+end
+redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'fence', string.format('%.0f', now))
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return {1, now}`)
+	fencedRelease = redis.NewScript(`
+local h = redis.call('HMGET', KEYS[1], 'owner', 'fence')
+if h[1] == ARGV[1] and h[2] == ARGV[2] then return redis.call('DEL', KEYS[1]) end
+return 0`)
+)
+
+func fencedFloorSubject() *subject {
+	return &subject{
+		id:       "fenced-floor",
+		name:     "fenced floor: 5-call Lua acquire + 2-call Lua release",
+		role:     roleFloor,
+		server:   srvRedis,
+		waitMode: "polls every 2 ms",
+		open: func(e *env, o openOpts) (locker, error) {
+			return &fencedLocker{rdb: newRedisClient(e.a.Redis, o.count, o.pool), ttl: o.ttl, poll: o.poll}, nil
+		},
+	}
+}
+
+// fencedLocker is the least a Redis lock with fencing tokens can do: one
+// EVALSHA of fencedAcquire per attempt, a fixed sleep between attempts,
+// one EVALSHA of fencedRelease to release. No renewal.
+type fencedLocker struct {
+	rdb       *redis.Client
+	ttl, poll time.Duration
+}
+
+func (f *fencedLocker) lock(ctx context.Context, key string) (held, error) {
+	lk := "ffloor:{" + key + "}"
+	keys := []string{lk, lk + ":fence"}
+	token := rand.Text()
+	var t *time.Timer
+	for {
+		v, err := fencedAcquire.Run(ctx, f.rdb, keys, token, f.ttl.Milliseconds()).Slice()
+		if err != nil {
+			return nil, err
+		}
+		if len(v) != 2 {
+			return nil, fmt.Errorf("fenced floor: acquire returned %v", v)
+		}
+		if v[0] == int64(1) {
+			fence, _ := v[1].(int64)
+			return &fencedHeld{f: f, keys: keys, token: token, fence: fence}, nil
+		}
+		if t == nil {
+			t = time.NewTimer(f.poll)
+			defer t.Stop()
+		} else {
+			t.Reset(f.poll)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+func (f *fencedLocker) close() error { return f.rdb.Close() }
+
+type fencedHeld struct {
+	f     *fencedLocker
+	keys  []string
+	token string
+	fence int64
+}
+
+func (h *fencedHeld) unlock(ctx context.Context) error {
+	n, err := fencedRelease.Run(ctx, h.f.rdb, h.keys, h.token, h.fence).Int()
+	if err == nil && n != 1 {
+		return errors.New("fenced floor: lock not held")
+	}
+	return err
+}
+
+func (h *fencedHeld) lost() bool { return false }
+
 // ---- dlock, any backend ----
 
 // dlockLocker is a dlock.Client with the options of the subject.
@@ -121,6 +221,13 @@ type dlockHeld struct{ l *dlock.Lease }
 func (h dlockHeld) unlock(ctx context.Context) error { return h.l.Release(ctx) }
 
 func (h dlockHeld) lost() bool { return errors.Is(h.l.Err(), dlock.ErrLost) }
+
+func (h dlockHeld) lossCause() string {
+	if err := h.l.Err(); err != nil {
+		return err.Error()
+	}
+	return "no error"
+}
 
 // redisFIFOReason says why dlock's Redis backend cannot queue waiters, or
 // "" once it can (it implements dlock.Waiter).

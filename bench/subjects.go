@@ -24,6 +24,11 @@ type held interface {
 	lost() bool
 }
 
+// lossCauser is implemented by a held lock that can say why it was lost.
+type lossCauser interface {
+	lossCause() string
+}
+
 // openOpts configure a new locker.
 type openOpts struct {
 	ttl   time.Duration // lease TTL
@@ -35,7 +40,7 @@ type openOpts struct {
 type role int
 
 const (
-	roleFloor role = iota // raw SET NX PX + compare-and-delete
+	roleFloor role = iota // a baseline: raw SET NX PX + compare-and-delete, or the fenced floor
 	roleDlock             // this project
 	rolePeer              // another library
 )
@@ -92,11 +97,12 @@ func (s *subject) reason() string {
 	return ""
 }
 
-// subjects lists every subject in table order: the floor, dlock's
+// subjects lists every subject in table order: the floors, dlock's
 // backends, then the peers.
 func subjects() []*subject {
 	return []*subject{
 		floorSubject(),
+		fencedFloorSubject(),
 		dlockRedisSubject(false),
 		dlockRedisSubject(true),
 		redlockSubject(),
