@@ -12,17 +12,33 @@
 //
 // # Keys
 //
-// A lock named key owned by token is the etcd key
+// A lock named key is a directory of etcd keys (entries), one per holder
+// or waiter:
 //
-//	PREFIX + escape(key) + "/" + hex(sha256(token))[:32]
+//	PREFIX + escape(key) + "/" + NAME
 //
 // with PREFIX DefaultPrefix ("/dlock/") unless WithPrefix says otherwise,
 // and escape replacing "%" by "%25" and "/" by "%2F" (so the lock "a" and
-// the lock "a/b" never share a directory). Its value is "COUNT TOKEN": the
-// number of holds of a reentrant owner (1 otherwise) and the owner token.
-// LockKey returns the name for inspection. The entry is created with the
-// Backend's lease in a transaction that succeeds only if the key does not
-// exist; its create revision orders the queue and is the fence.
+// the lock "a/b" never share a directory). An entry's value is "COUNT
+// TOKEN": the number of holds of a reentrant owner (1 otherwise) and the
+// owner token. The entry is created with the Backend's lease in a
+// transaction that succeeds only if the key does not exist; its create
+// revision orders the queue and is the fence.
+//
+// NAME is hex(sha256(token))[:32] for a reentrant owner (dlock.WithOwner),
+// so every Backend finds the owner's entry. Other acquisitions carry a
+// random token used once, and an entry named after it would leave a dead
+// key in the directory with every acquisition: etcd keeps deleted keys in
+// its index until the cluster is compacted, and every read of the queue
+// walks them, so a busy lock slowed down with its history (20,000 past
+// acquisitions made hand-offs 3× slower). Their entries are named after
+// the Backend instead, ID + "." + SLOT: a random id per Backend and the
+// smallest slot number it does not use for that lock at the moment, so a
+// Backend taking the same lock again and again reuses one key (as
+// concurrency.Mutex reuses its session's key). The Backend remembers the
+// slot of each lock it queues for or holds: LockKey and Guard name the
+// entry of such a lease only through the Backend that granted it (another
+// Backend's Guard never succeeds for it).
 //
 // # Leases
 //
@@ -35,9 +51,13 @@
 // watchdog: an acquisition sends a keep-alive concurrently with its
 // transaction unless the lease was renewed since the call began (so the
 // lock lives on the server at least TTL from the call, as the Client
-// assumes), and a waiter in Wait renews the lease every TTL/3 while it is
-// queued (the Client renews only granted locks; without it a queue entry
-// would expire after one TTL).
+// assumes) or at most TTL/10 before it (then the grant's Grant.Since is
+// that renewal, from which the Client counts the lock's lifetime: its
+// deadline is at most TTL/10 earlier than the TTL asked, and a Backend
+// taking locks often sends one keep-alive per TTL/10 instead of one per
+// acquisition), and a waiter in Wait renews the lease every TTL/3 while
+// it is queued (the Client renews only granted locks; without it a queue
+// entry would expire after one TTL).
 //
 // The minimum TTL is MinTTL (2 s): etcd counts lease TTLs in whole seconds
 // and raises anything below about 1.5 × its election timeout (1 s by
@@ -64,17 +84,21 @@
 //
 // etcd's only waiting mode is the queue: Request.FIFO is ignored and
 // waiters are always served in the order their entries were created. Each
-// waiter watches only its immediate predecessor (the entry with the
-// largest create revision below its own) for deletion, so a release wakes
-// exactly one waiter, and re-reads its position after the deletion (the
-// predecessor may have been a waiter that gave up, not the holder). That
-// re-read is serializable (no round of consensus) and accepted only if it
-// reflects the deletion's revision; it is skipped when the predecessor
-// was already the head when read. The watch starts at the server's
-// current revision: etcd serves watches that start in the past from its
-// history only every 100 ms, which caps concurrency.Mutex at about ten
-// hand-offs per second per waiter; the watch's creation revision tells
-// whether the predecessor must be read once more. A cancelled Wait
+// waiter watches its immediate predecessor (the entry with the largest
+// create revision below its own) for deletion and, if it is third or
+// further in line, also the entry before the predecessor; a deletion thus
+// wakes at most two waiters, never a herd. When the entry before the
+// predecessor goes (usually its holder released), the waiter re-reads its
+// position while the predecessor holds the lock; if the predecessor now
+// heads the queue, its deletion is the grant, with no request after it.
+// Otherwise (a waiter ahead gave up) the re-read happens after the
+// predecessor's deletion. A re-read is serializable (no round of
+// consensus) and accepted only if it reflects the deletion's revision.
+// The watches start at the server's current revision: etcd serves watches
+// that start in the past from its history only every 100 ms, which caps
+// concurrency.Mutex at about ten hand-offs per second per waiter; a
+// watch's creation revision tells whether the entry must be read once
+// more. A cancelled Wait
 // deletes its entry at once with a fresh context (waiting at most 1 s for
 // an unreachable server, then leaving it to a background retry and to the
 // lease's expiry). A transaction whose outcome is unknown (ctx ended or

@@ -2,9 +2,11 @@ package etcdlock
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -50,6 +52,22 @@ const (
 
 var errClosed = fmt.Errorf("etcdlock: %w", dlock.ErrClosed)
 
+// Protocol switches: both on; the hand-off benchmark turns them off in
+// some of its runs to measure what they save (export_test.go).
+var (
+	// watchAhead: a waiter third or further in line also watches the
+	// entry before its predecessor (see awaitDelete).
+	watchAhead atomic.Bool
+	// reuseRenewal: a grant shortly after a renewal of its lease counts
+	// from that renewal instead of renewing again (see renewedAt).
+	reuseRenewal atomic.Bool
+)
+
+func init() {
+	watchAhead.Store(true)
+	reuseRenewal.Store(true)
+}
+
 // An Option configures a Backend in New.
 type Option func(*config) error
 
@@ -83,10 +101,13 @@ type Backend struct {
 	cancel  context.CancelFunc //
 	waitCtx context.Context    // ctx, requiring a leader: the waiters' watch stream
 
+	id       string // random: names the entries of non-reentrant requests (keys.go)
 	mu       sync.Mutex
 	closed   bool
 	leases   map[int64]*leaseState // live leases by TTL in seconds
 	held     map[string]*held      // granted entries by etcd key
+	slotOf   map[tokenKey]*slot    // entry names of non-reentrant requests served
+	slotUsed map[string]struct{}   // the names in slotOf
 	orphans  map[string]orphan     // entries to delete, by etcd key
 	sweeping bool
 	looping  bool
@@ -120,15 +141,18 @@ var (
 func New(cli *clientv3.Client, opts ...Option) *Backend {
 	ctx, cancel := context.WithCancel(context.Background())
 	b := &Backend{
-		cli:     cli,
-		prefix:  DefaultPrefix,
-		ctx:     ctx,
-		cancel:  cancel,
-		waitCtx: clientv3.WithRequireLeader(ctx),
-		leases:  make(map[int64]*leaseState),
-		held:    make(map[string]*held),
-		orphans: make(map[string]orphan),
-		kick:    make(chan struct{}, 1),
+		cli:      cli,
+		prefix:   DefaultPrefix,
+		ctx:      ctx,
+		cancel:   cancel,
+		waitCtx:  clientv3.WithRequireLeader(ctx),
+		leases:   make(map[int64]*leaseState),
+		id:       rand.Text(),
+		held:     make(map[string]*held),
+		slotOf:   make(map[tokenKey]*slot),
+		slotUsed: make(map[string]struct{}),
+		orphans:  make(map[string]orphan),
+		kick:     make(chan struct{}, 1),
 	}
 	if cli == nil {
 		b.err = fmt.Errorf("etcdlock: nil etcd client: %w", dlock.ErrInvalidOption)
@@ -206,23 +230,34 @@ func (b *Backend) dead(ls *leaseState) bool {
 // returns Grant{OK: false}, with HolderTTL set when the holder's lease is
 // this Backend's own (its remaining validity is known without a round
 // trip), else 0. Queued waiters are never overtaken. A reentrant owner
-// that holds the lock gets its count raised and its fence back. When the
-// lease needs renewing (it always does unless renewed since the call
-// began) a keep-alive is sent concurrently with the transaction, so a
-// grant is valid on the server for at least TTL from the call.
+// that holds the lock gets its count raised and its fence back. Unless the
+// lease was renewed since the call began, or at most TTL/10 before it
+// (then Grant.Since is that renewal), a keep-alive is sent concurrently
+// with the transaction, so a grant is valid on the server for at least
+// TTL from Grant.Since or the call.
 func (b *Backend) TryAcquire(ctx context.Context, r dlock.Request) (dlock.Grant, error) {
 	start := time.Now()
 	sec, err := b.check(r)
 	if err != nil {
 		return dlock.Grant{}, err
 	}
-	dir, name := b.dir(r.Key), b.entryName(r.Key, r.Token)
+	dir, name := b.dir(r.Key), b.claimName(r)
+	granted := false
+	defer func() {
+		if !granted {
+			b.unclaim(r, name)
+		}
+	}()
 	for attempt := 1; ; attempt++ {
 		ls, err := b.lease(ctx, sec)
 		if err != nil {
 			return dlock.Grant{}, err
 		}
-		wait := b.startFresh(ctx, ls, start, r.TTL)
+		since, reuse := b.renewedAt(ls, r.TTL)
+		wait := func() error { return nil }
+		if !reuse {
+			wait = b.startFresh(ctx, ls, start, r.TTL)
+		}
 		resp, err := b.cli.Txn(ctx).
 			If(clientv3.Compare(clientv3.CreateRevision(dir), "=", 0).WithPrefix()).
 			Then(clientv3.OpPut(name, encodeValue(1, r.Token), clientv3.WithLease(ls.id))).
@@ -254,20 +289,26 @@ func (b *Backend) TryAcquire(ctx context.Context, r dlock.Request) (dlock.Grant,
 				return dlock.Grant{}, kaErr
 			}
 			b.addHold(name, r.Key, r.Token, fence, ls, 1, fence, fence+1)
-			return dlock.Grant{OK: true, Fence: uint64(fence), Count: 1}, nil
+			granted = true
+			return dlock.Grant{OK: true, Fence: uint64(fence), Count: 1, Since: since}, nil
 		}
 		own := resp.Responses[0].GetResponseRange().Kvs
 		head := resp.Responses[1].GetResponseRange().Kvs
 		if len(own) > 0 {
 			_, token, ok := decodeValue(own[0].Value)
-			if !ok || token != r.Token {
+			switch {
+			case !r.Reentrant && (!ok || token != r.Token):
+				// A leftover of an earlier use of our slot: ours to remove.
+				b.retireSlot(r, name, own[0].CreateRevision)
+			case !ok || token != r.Token:
 				return dlock.Grant{}, errWrongType(name)
-			}
-			if len(head) > 0 && string(head[0].Key) == name {
+			case len(head) > 0 && string(head[0].Key) == name:
 				if !r.Reentrant {
 					return dlock.Grant{}, errTokenInUse(r.Key)
 				}
-				return b.reenter(ctx, r, own[0], start)
+				g, err := b.reenter(ctx, r, own[0], start)
+				granted = err == nil
+				return g, err
 			}
 			// Queued by a concurrent Wait of the same owner: not granted.
 		}
@@ -387,6 +428,24 @@ func (b *Backend) abandon(ctx context.Context, key, name string, fence int64, re
 	}
 }
 
+// retireSlot gives up r's slot name, found taken by an entry created at
+// fence that r did not create: a leftover of an earlier acquisition
+// through this Backend (only this Backend uses its slot names) that was
+// not known to exist. It is deleted in the background; r gets another
+// slot from claimName.
+func (b *Backend) retireSlot(r dlock.Request, name string, fence int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if s := b.slotOf[tokenKey{r.Key, r.Token}]; s != nil && s.name == name {
+		delete(b.slotOf, tokenKey{r.Key, r.Token})
+		delete(b.slotUsed, name)
+	}
+	if _, ok := b.orphans[name]; !ok {
+		b.orphanLocked(name, fence, 1)
+	}
+	b.sweepLocked()
+}
+
 // dropCreated deletes the entry name if it is still exactly as a create
 // transaction with an unknown outcome would have left it: on lease id with
 // value "1 token". It uses a fresh context derived from ctx, bounded by
@@ -455,7 +514,7 @@ func (b *Backend) RefreshMany(ctx context.Context, rs []dlock.Request) []error {
 		if errs[i] != nil {
 			continue
 		}
-		h := b.held[b.entryName(r.Key, r.Token)]
+		h := b.held[b.nameOfLocked(r.Key, r.Token)]
 		switch {
 		case h == nil || h.fence != fenceRev(r.Fence):
 			slow = append(slow, i)
@@ -503,7 +562,7 @@ func (b *Backend) RefreshMany(ctx context.Context, rs []dlock.Request) []error {
 	b.mu.Lock()
 	for ls, idx := range groups {
 		for _, i := range idx {
-			if h := b.held[b.entryName(rs[i].Key, rs[i].Token)]; errs[i] == nil && h != nil && h.lease == ls && h.lost != nil {
+			if h := b.held[b.nameOfLocked(rs[i].Key, rs[i].Token)]; errs[i] == nil && h != nil && h.lease == ls && h.lost != nil {
 				errs[i] = h.lost
 			}
 		}
@@ -517,7 +576,7 @@ func (b *Backend) RefreshMany(ctx context.Context, rs []dlock.Request) []error {
 // entry to the Backend's lease for sec.
 func (b *Backend) refreshSlow(ctx context.Context, r dlock.Request, sec int64) error {
 	start := time.Now()
-	name, fence := b.entryName(r.Key, r.Token), fenceRev(r.Fence)
+	name, fence := b.nameOf(r.Key, r.Token), fenceRev(r.Fence)
 	for range maxCAS {
 		resp, err := b.cli.Get(ctx, name)
 		if err != nil {
@@ -597,7 +656,7 @@ func (b *Backend) Release(ctx context.Context, r dlock.Request) error {
 	if err := b.checkName(r); err != nil {
 		return err
 	}
-	name, fence := b.entryName(r.Key, r.Token), fenceRev(r.Fence)
+	name, fence := b.nameOf(r.Key, r.Token), fenceRev(r.Fence)
 	b.mu.Lock()
 	h := b.held[name]
 	if h != nil && h.fence != fence {
@@ -646,6 +705,7 @@ func (b *Backend) Release(ctx context.Context, r dlock.Request) error {
 		if gone || h.claims <= 0 {
 			b.stopWatchLocked(h)
 			delete(b.held, name)
+			b.unclaimLocked(h.key, h.token, name)
 		}
 	}
 	b.mu.Unlock()

@@ -298,7 +298,12 @@ func TestGuard(t *testing.T) {
 	ctx := ctxT(t, 10*time.Second)
 	key := uniqueKey(t)
 	res := "/resource/" + key
+	var writeVia func(b *etcdlock.Backend, l *dlock.Lease, v string) bool
 	write := func(l *dlock.Lease, v string) bool {
+		t.Helper()
+		return writeVia(b, l, v)
+	}
+	writeVia = func(b *etcdlock.Backend, l *dlock.Lease, v string) bool {
 		t.Helper()
 		resp, err := cli.Txn(ctx).If(b.Guard(l)).Then(clientv3.OpPut(res, v)).Commit()
 		if err != nil {
@@ -319,7 +324,7 @@ func TestGuard(t *testing.T) {
 	if write(l, "2") {
 		t.Fatal("guarded write after Release: got applied, want refused")
 	}
-	c2, _ := newClient(t, srv.Endpoints())
+	c2, b2 := newClient(t, srv.Endpoints())
 	l2, err := c2.Acquire(ctx, key)
 	if err != nil {
 		t.Fatalf("Acquire by another client: %v", err)
@@ -328,7 +333,12 @@ func TestGuard(t *testing.T) {
 	if write(l, "3") {
 		t.Fatal("guarded write with the old lease while another holds the lock: got applied, want refused")
 	}
-	if !write(l2, "4") {
+	// A non-reentrant lease's entry is named after the Backend that
+	// granted it: another Backend's guard refuses (never wrongly allows).
+	if write(l2, "x") {
+		t.Fatal("guarded write by the new holder, guard from another Backend: got applied, want refused")
+	}
+	if !writeVia(b2, l2, "4") {
 		t.Fatal("guarded write by the new holder: got refused, want applied")
 	}
 	if write(nil, "5") {

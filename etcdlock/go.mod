@@ -8,6 +8,7 @@ require (
 	go.etcd.io/etcd/client/v3 v3.5.27
 	go.uber.org/goleak v1.3.0
 	go.uber.org/zap v1.17.0
+	google.golang.org/grpc v1.71.1
 )
 
 require (
@@ -23,7 +24,6 @@ require (
 	golang.org/x/text v0.31.0 // indirect
 	google.golang.org/genproto/googleapis/api v0.0.0-20250106144421-5f5ef82da422 // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20250115164207-1a7da9e5054f // indirect
-	google.golang.org/grpc v1.71.1 // indirect
 	google.golang.org/protobuf v1.36.4 // indirect
 )
 

@@ -11,18 +11,31 @@ import (
 	"github.com/dlock-go/dlock"
 )
 
-// Key layout. A lock named key has one etcd key per owner token, all
-// under one directory:
+// Key layout. A lock named key has one etcd key per holder or waiter
+// (an entry), all under one directory:
 //
-//	PREFIX + escape(key) + "/" + hex(sha256(token))[:32]
+//	PREFIX + escape(key) + "/" + NAME
 //
 // escape replaces "%" by "%25" and "/" by "%2F", so the directory of the
-// lock "a" never contains the entries of the lock "a/b". The last element
-// is derived from the owner token, so the entry of a (key, token) pair can
-// be named without asking the server (Release, Refresh and Guard need no
-// lookup) and a reentrant owner finds its own entry. The value is
-// "COUNT TOKEN": the number of holds (and queued claims) of that token,
-// then the token itself.
+// lock "a" never contains the entries of the lock "a/b". The value is
+// "COUNT TOKEN": the number of holds (and queued claims) of the owner
+// token, then the token itself.
+//
+// NAME depends on the request. A reentrant request's entry (a stable
+// owner, dlock.WithOwner) is named after its token, hex(sha256(token))[:32],
+// so that every Backend finds it and the owner's holds share it. Any other
+// request carries a random token used once; naming its entry after the
+// token would leave one more dead key in the directory with every
+// acquisition: etcd keeps a deleted key in its index until the cluster is
+// compacted, and every read of the queue (a range over the directory)
+// walks them all, so a busy lock slowed down with its history (20,000
+// past acquisitions made hand-offs about 3× slower). Such an entry is
+// named after the Backend instead: ID + "." + SLOT, where ID is random per
+// Backend (base32, so never a token name) and SLOT the smallest number the
+// Backend does not use for that lock at the moment (usually 0). A Backend
+// taking the same lock again and again reuses one etcd key, as
+// concurrency.Mutex does with its session's lease. The Backend remembers
+// which slot each (key, token) pair it serves has (see nameOf).
 
 // escapeKey makes key usable as one element of an etcd key path.
 func escapeKey(key string) string {
@@ -54,17 +67,103 @@ func (b *Backend) dir(key string) string {
 	return b.prefix + escapeKey(key) + "/"
 }
 
-// entryName returns the etcd key of token's entry for the lock key.
+// entryName returns the name of token's entry for the lock key when it
+// is named after the token (reentrant requests).
 func (b *Backend) entryName(key, token string) string {
 	return b.dir(key) + tokenID(token)
 }
 
+// tokenKey identifies a request: lock key and owner token.
+type tokenKey struct{ key, token string }
+
+// slot is the entry name of a non-reentrant token, with the number of the
+// token's acquisitions in flight and holds using it (more than one only
+// when a token is used twice at once, which fails).
+type slot struct {
+	name string
+	refs int
+}
+
+// claimName returns the entry name for a new acquisition by r: the token's
+// name for a reentrant request, else a slot of the Backend, which stays
+// r's until unclaim (or, once granted, until the hold ends).
+func (b *Backend) claimName(r dlock.Request) string {
+	if r.Reentrant {
+		return b.entryName(r.Key, r.Token)
+	}
+	tk := tokenKey{r.Key, r.Token}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if s := b.slotOf[tk]; s != nil {
+		s.refs++
+		return s.name // the same token twice at once: the entry tells
+	}
+	dir := b.dir(r.Key)
+	for i := 0; ; i++ {
+		name := dir + b.id + "." + strconv.Itoa(i)
+		if _, used := b.slotUsed[name]; used {
+			continue
+		}
+		if _, orphaned := b.orphans[name]; orphaned || b.held[name] != nil {
+			continue
+		}
+		b.slotOf[tk] = &slot{name: name, refs: 1}
+		b.slotUsed[name] = struct{}{}
+		return name
+	}
+}
+
+// unclaim ends the use of the slot name by an acquisition by r that was
+// not granted.
+func (b *Backend) unclaim(r dlock.Request, name string) {
+	if r.Reentrant {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.unclaimLocked(r.Key, r.Token, name)
+}
+
+// unclaimLocked ends one use of the slot name by (key, token): an
+// acquisition not granted, or a hold that ended. The slot is free once
+// unused; an entry that may remain under it keeps it taken as an orphan.
+// b.mu must be held.
+func (b *Backend) unclaimLocked(key, token, name string) {
+	tk := tokenKey{key, token}
+	s := b.slotOf[tk]
+	if s == nil || s.name != name {
+		return
+	}
+	if s.refs--; s.refs <= 0 {
+		delete(b.slotOf, tk)
+		delete(b.slotUsed, name)
+	}
+}
+
+// nameOf returns the entry name of (key, token): the Backend's slot for it
+// if it has one (a lock it queues or holds for that token), else the
+// token's name (which exists only for reentrant locks).
+func (b *Backend) nameOf(key, token string) string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.nameOfLocked(key, token)
+}
+
+// nameOfLocked is nameOf with b.mu held.
+func (b *Backend) nameOfLocked(key, token string) string {
+	if s := b.slotOf[tokenKey{key, token}]; s != nil {
+		return s.name
+	}
+	return b.entryName(key, token)
+}
+
 // LockKey returns the etcd key that holds (or queues) the lock key for the
-// owner token: a lease's Key and Owner. It exists while the lease is held;
-// its create revision is the lease's fence. For inspection tools and for
-// building guards by hand; Guard is the usual way to use it.
+// owner token, a lease's Key and Owner, while the lease is held through b
+// (or a reentrant one through any Backend); its create revision is the
+// lease's fence. For inspection tools and for building guards by hand;
+// Guard is the usual way to use it.
 func (b *Backend) LockKey(key, owner string) string {
-	return b.entryName(key, owner)
+	return b.nameOf(key, owner)
 }
 
 // Guard returns a comparison for the caller's own etcd transactions that
@@ -81,7 +180,7 @@ func (b *Backend) Guard(l *dlock.Lease) clientv3.Cmp {
 		// Create revisions are never negative: this never holds.
 		return clientv3.Compare(clientv3.CreateRevision(b.prefix), "=", int64(-1))
 	}
-	return clientv3.Compare(clientv3.CreateRevision(b.entryName(l.Key(), l.Owner())), "=", fenceRev(l.Fence()))
+	return clientv3.Compare(clientv3.CreateRevision(b.nameOf(l.Key(), l.Owner())), "=", fenceRev(l.Fence()))
 }
 
 // fenceRev converts a fence to an etcd revision. Fences above the int64

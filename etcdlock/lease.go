@@ -250,3 +250,26 @@ func (b *Backend) leaseFor(id clientv3.LeaseID) *leaseState {
 	close(ready)
 	return &leaseState{id: id, ready: ready, foreign: true}
 }
+
+// renewedAt returns the send time of ls's last grant or keep-alive when it
+// was at most ttl/10 ago: a lock granted now on ls may count its lifetime
+// of ttl from then (Grant.Since) instead of from the start of the call,
+// which saves the keep-alive that would otherwise make the lease outlive
+// the call's start + ttl. The lock's local deadline is then at most ttl/10
+// earlier than asked. ok is false when the renewal is older, the lease is
+// not valid for ttl from it, or reuseRenewal is off.
+func (b *Backend) renewedAt(ls *leaseState, ttl time.Duration) (sent time.Time, ok bool) {
+	if !reuseRenewal.Load() {
+		return time.Time{}, false
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if ls.dead != nil || ls.foreign || !ls.isReady() || ls.err != nil {
+		return time.Time{}, false
+	}
+	sent = ls.validUntil.Add(-time.Duration(ls.sec) * time.Second)
+	if time.Since(sent) > ttl/10 || ls.validUntil.Before(sent.Add(ttl)) {
+		return time.Time{}, false
+	}
+	return sent, true
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -17,13 +18,13 @@ import (
 // were created (by create revision).
 //
 // Wait creates the owner's entry with the Backend's lease and, in the same
-// transaction, reads the entry created just before it. Until the entry
-// heads the queue it watches only that predecessor for deletion (no herd:
-// a release wakes exactly one waiter), then reads again, since the deleted
-// predecessor may have been a waiter that gave up. While waiting it renews
-// its lease every third of the TTL itself (the Client renews only granted
-// locks). If the entry disappears meanwhile (its lease expired during a
-// server outage), Wait queues again at the end.
+// transaction, reads the two entries created just before it. Until the
+// entry heads the queue it watches its predecessor for deletion, and the
+// entry before that one too (see awaitDelete: a deletion wakes at most
+// two waiters, and a hand-off usually needs no read). While waiting it
+// renews its lease every third of the TTL itself (the Client renews only
+// granted locks). If the entry disappears meanwhile (its lease expired
+// during a server outage), Wait queues again at the end.
 //
 // When ctx ends, Wait removes its entry with a fresh context and returns
 // ctx.Err(). If the server does not confirm the removal within 1 s, Wait
@@ -37,7 +38,7 @@ func (b *Backend) Wait(ctx context.Context, r dlock.Request) (dlock.Grant, error
 	if err != nil {
 		return dlock.Grant{}, err
 	}
-	w := &waiter{b: b, r: r, dir: b.dir(r.Key), name: b.entryName(r.Key, r.Token), sec: sec, start: start}
+	w := &waiter{b: b, r: r, dir: b.dir(r.Key), name: b.claimName(r), sec: sec, start: start}
 	g, err := w.run(ctx)
 	if err != nil {
 		switch {
@@ -46,6 +47,7 @@ func (b *Backend) Wait(ctx context.Context, r dlock.Request) (dlock.Grant, error
 		case w.unknown != nil:
 			b.dropCreated(ctx, w.name, w.unknown.id, r.Token)
 		}
+		b.unclaim(r, w.name)
 		if ctx.Err() != nil {
 			return dlock.Grant{}, ctx.Err()
 		}
@@ -72,6 +74,7 @@ type waiter struct {
 // position is what one read of the queue tells a waiter.
 type position struct {
 	pred    *mvccpb.KeyValue // the entry just before ours; nil: ours heads the queue
+	pp      *mvccpb.KeyValue // the entry just before pred, if any (read for non-reentrant waiters only)
 	head    bool             // pred heads the queue: once it is deleted, ours does
 	count   int              // our entry's hold count
 	mod     int64            // our entry's mod revision
@@ -82,26 +85,30 @@ type position struct {
 func (w *waiter) run(ctx context.Context) (dlock.Grant, error) {
 	b := w.b
 	leaseRetries := 0
-	var seen int64 // a revision the next read must reflect (0: any)
+	var (
+		seen int64 // a revision the next read must reflect (0: any)
+		p    position
+		have bool // p is current: no read needed
+	)
 	for {
-		var (
-			p   position
-			err error
-		)
-		if !w.claimed {
-			p, err = w.enqueue(ctx)
-		} else {
-			p, err = w.check(ctx, seen)
-		}
-		if errors.Is(err, errRetryLease) {
-			if leaseRetries++; leaseRetries > 3 {
+		if !have {
+			var err error
+			if !w.claimed {
+				p, err = w.enqueue(ctx)
+			} else {
+				p, err = w.check(ctx, seen)
+			}
+			if errors.Is(err, errRetryLease) {
+				if leaseRetries++; leaseRetries > 3 {
+					return dlock.Grant{}, err
+				}
+				continue
+			}
+			if err != nil {
 				return dlock.Grant{}, err
 			}
-			continue
 		}
-		if err != nil {
-			return dlock.Grant{}, err
-		}
+		have = false
 		if p.recheck || !w.claimed {
 			continue
 		}
@@ -115,16 +122,23 @@ func (w *waiter) run(ctx context.Context) (dlock.Grant, error) {
 			}
 			return dlock.Grant{}, err
 		}
-		seen, err = w.awaitDelete(ctx, p.pred, p.readRev)
+		var (
+			next *position
+			err  error
+		)
+		seen, next, err = w.awaitDelete(ctx, &p)
 		if err != nil {
 			return dlock.Grant{}, err
 		}
-		deleted := seen != 0
-		if deleted && p.head && !w.r.Reentrant {
-			// The holder's entry was deleted and nothing else was ahead of
-			// ours (entries are only ever added behind): ours heads the
-			// queue without another read. It still exists if its lease does,
-			// which ensureFresh makes sure of.
+		if next != nil {
+			p, have = *next, true
+			continue
+		}
+		if seen != 0 && p.head && !w.r.Reentrant {
+			// The predecessor was deleted and nothing else was ahead of it
+			// when last read (entries are only ever added behind): ours
+			// heads the queue without another read. It still exists if its
+			// lease does, which grant makes sure of.
 			if g, err := w.grant(ctx, p); err == nil {
 				return g, nil
 			}
@@ -133,17 +147,25 @@ func (w *waiter) run(ctx context.Context) (dlock.Grant, error) {
 }
 
 // grant turns the head position p into a grant, after making sure the
-// entry's lease is valid now and until the call's start + TTL. It fails
-// when the lease could not be renewed (if the lease is gone, the entry
-// went with it and the caller reads again).
+// entry's lease is valid now and for TTL from the grant's Since (a renewal
+// at most TTL/10 ago, see renewedAt) or else from the call's start (with a
+// keep-alive if needed). It fails when the lease could not be renewed (if
+// the lease is gone, the entry went with it and the caller reads again).
 func (w *waiter) grant(ctx context.Context, p position) (dlock.Grant, error) {
 	b := w.b
-	if err := b.ensureFresh(ctx, w.ls, w.start, w.r.TTL); err != nil {
-		return dlock.Grant{}, err
+	since, ok := b.renewedAt(w.ls, w.r.TTL)
+	if !ok {
+		if err := b.ensureFresh(ctx, w.ls, w.start, w.r.TTL); err != nil {
+			return dlock.Grant{}, err
+		}
+		// A keep-alive ensureFresh just sent dates the grant; otherwise
+		// the Client dates it from the start of the wait (and renews
+		// once if that was long ago).
+		since, _ = b.renewedAt(w.ls, w.r.TTL)
 	}
 	b.addHold(w.name, w.r.Key, w.r.Token, w.rev, w.ls, p.count, p.mod, p.readRev+1)
 	w.claimed = false // a hold now, no longer ours to clean up
-	return dlock.Grant{OK: true, Fence: uint64(w.rev), Count: p.count}, nil
+	return dlock.Grant{OK: true, Fence: uint64(w.rev), Count: p.count, Since: since}, nil
 }
 
 var errRetryLease = errors.New("etcdlock: lease expired or was revoked while queuing")
@@ -156,12 +178,15 @@ func (w *waiter) enqueue(ctx context.Context) (position, error) {
 	if err != nil {
 		return position{}, err
 	}
-	wait := b.startFresh(ctx, ls, w.start, w.r.TTL)
+	wait := func() error { return nil }
+	if _, ok := b.renewedAt(ls, w.r.TTL); !ok {
+		wait = b.startFresh(ctx, ls, w.start, w.r.TTL)
+	}
 	resp, err := b.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(w.name), "=", 0)).
 		Then(clientv3.OpPut(w.name, encodeValue(1, w.r.Token), clientv3.WithLease(ls.id)),
 			clientv3.OpGet(w.dir, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend),
-				clientv3.WithLimit(2), clientv3.WithKeysOnly())).
+				clientv3.WithLimit(w.queueRead()+1), clientv3.WithKeysOnly())).
 		Else(clientv3.OpGet(w.name), clientv3.OpGet(w.dir, append(clientv3.WithFirstCreate(), clientv3.WithKeysOnly())...)).
 		Commit()
 	kaErr := wait()
@@ -183,11 +208,8 @@ func (w *waiter) enqueue(ctx context.Context) (position, error) {
 			return position{}, kaErr
 		}
 		p := position{count: 1, mod: w.rev, readRev: w.rev}
-		// Sorted newest first: ours, then our predecessor if any; More
-		// tells whether anything is ahead of the predecessor.
-		if rr := resp.Responses[1].GetResponseRange(); len(rr.Kvs) == 2 {
-			p.pred, p.head = rr.Kvs[1], !rr.More
-		}
+		// Sorted newest first: ours, then the entries ahead of it.
+		p.ahead(resp.Responses[1].GetResponseRange(), 1)
 		return p, nil
 	}
 	own := resp.Responses[0].GetResponseRange().Kvs
@@ -195,10 +217,15 @@ func (w *waiter) enqueue(ctx context.Context) (position, error) {
 		return position{recheck: true}, nil // deleted in between
 	}
 	count, token, ok := decodeValue(own[0].Value)
-	if !ok || token != w.r.Token {
+	switch {
+	case !w.r.Reentrant && (!ok || token != w.r.Token):
+		// A leftover of an earlier use of our slot: take another one.
+		b.retireSlot(w.r, w.name, own[0].CreateRevision)
+		w.name = b.claimName(w.r)
+		return position{recheck: true}, nil
+	case !ok || token != w.r.Token:
 		return position{}, errWrongType(w.name)
-	}
-	if !w.r.Reentrant {
+	case !w.r.Reentrant:
 		return position{}, errTokenInUse(w.r.Key)
 	}
 	// Join the owner's entry: one more claim on it.
@@ -236,7 +263,7 @@ func (w *waiter) check(ctx context.Context, seen int64) (position, error) {
 			If(clientv3.Compare(clientv3.CreateRevision(w.name), "=", w.rev)).
 			Then(clientv3.OpGet(w.name, opts...),
 				clientv3.OpGet(w.dir, append(opts, clientv3.WithPrefix(), clientv3.WithMaxCreateRev(w.rev-1),
-					clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend), clientv3.WithLimit(1), clientv3.WithKeysOnly())...)).
+					clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend), clientv3.WithLimit(w.queueRead()), clientv3.WithKeysOnly())...)).
 			Commit()
 	}
 	var (
@@ -265,24 +292,60 @@ func (w *waiter) check(ctx context.Context, seen int64) (position, error) {
 		return position{}, errWrongType(w.name)
 	}
 	p := position{count: count, mod: own.ModRevision, readRev: resp.Header.Revision}
-	if rr := resp.Responses[1].GetResponseRange(); len(rr.Kvs) > 0 {
-		p.pred, p.head = rr.Kvs[0], !rr.More
-	}
+	p.ahead(resp.Responses[1].GetResponseRange(), 0)
 	return p, nil
 }
 
-// awaitDelete returns when pred (seen at revision readRev) is deleted,
-// with a revision at which it was seen deleted, or with 0 when the
-// position must be read again for another reason (the watch ended, the
-// lease expired); with an error when ctx ends or the Backend closes.
+// queueRead is how many entries ahead of its own a waiter reads: the
+// predecessor, and for a non-reentrant waiter also the entry before it,
+// whose deletion it watches too (see awaitDelete).
+func (w *waiter) queueRead() int64 {
+	if w.r.Reentrant || !watchAhead.Load() {
+		return 1
+	}
+	return 2
+}
+
+// ahead fills in the entries ahead of ours from rr, a read of the
+// directory sorted by create revision, newest first, whose first skip
+// entries are not ahead of ours.
+func (p *position) ahead(rr *etcdserverpb.RangeResponse, skip int) {
+	kvs := rr.Kvs[min(skip, len(rr.Kvs)):]
+	if len(kvs) == 0 {
+		return
+	}
+	p.pred = kvs[0]
+	if len(kvs) > 1 {
+		p.pp = kvs[1]
+	} else {
+		p.head = !rr.More
+	}
+}
+
+// awaitDelete waits for the deletion of p.pred (seen at revision
+// p.readRev) and returns a revision at which it was seen deleted. It
+// returns next, a position read meanwhile, when that read found the
+// predecessor gone or changed; neither (0, nil) when the position must be
+// read again for another reason (the watch ended, the lease expired); an
+// error when ctx ends or the Backend closes.
 //
-// The watch starts at the server's current revision, never at an old one:
-// etcd serves a watch that starts in the past from its history only every
-// 100 ms, which would delay every hand-off (the cap measured for
-// concurrency.Mutex). The revision in the watch's creation response tells
-// whether anything was written since readRev; only then is pred read once
-// more, so a deletion between the read and the watch is not missed.
-func (w *waiter) awaitDelete(ctx context.Context, pred *mvccpb.KeyValue, readRev int64) (deletedAt int64, err error) {
+// When p.pp, the entry before the predecessor, is known, it is watched
+// too: its deletion usually means the predecessor now holds the lock, and
+// a read then (while the predecessor holds it, off the path of the next
+// hand-off) tells whether it heads the queue; if so, p.head is set and the
+// predecessor's deletion is the grant, without a read after it. A deleted
+// p.pp may also have been a waiter that gave up: the read then shows the
+// entry now before the predecessor, which is watched instead. Each
+// deletion thus wakes at most two waiters, the next one and the one after.
+//
+// The watches start at the server's current revision, never at an old
+// one: etcd serves a watch that starts in the past from its history only
+// every 100 ms, which would delay every hand-off (the cap measured for
+// concurrency.Mutex). The revision in the predecessor's watch's creation
+// response tells whether anything was written since the read; only then
+// is the predecessor read once more, so its deletion between the read and
+// the watch is not missed.
+func (w *waiter) awaitDelete(ctx context.Context, p *position) (deletedAt int64, next *position, err error) {
 	b := w.b
 	// The watch context is the Backend's (its metadata picks the shared
 	// watch stream), also cancelled when ctx ends: Watch itself waits for
@@ -290,47 +353,59 @@ func (w *waiter) awaitDelete(ctx context.Context, pred *mvccpb.KeyValue, readRev
 	wctx, cancel := context.WithCancel(b.waitCtx)
 	defer cancel()
 	defer context.AfterFunc(ctx, cancel)()
-	key := string(pred.Key)
-	wch := b.cli.Watch(wctx, key, clientv3.WithFilterPut(), clientv3.WithCreatedNotify())
+	pred := w.watchDelete(wctx, p.pred, p.readRev, true)
+	var pp *deleteWatch
+	if p.pp != nil && !w.r.Reentrant && watchAhead.Load() {
+		pp = w.watchDelete(wctx, p.pp, p.readRev, false)
+	}
+	defer func() { pp.stop() }()
 	timer := time.NewTimer(max(time.Until(b.renewAt(w.ls)), 0))
 	defer timer.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			return 0, ctx.Err()
+			return 0, nil, ctx.Err()
 		case <-b.ctx.Done():
-			return 0, errClosed
-		case resp, ok := <-wch:
-			if !ok || resp.Canceled || resp.Err() != nil {
-				if err := ctx.Err(); err != nil {
-					return 0, err
-				}
-				return 0, nil // read again and watch again
+			return 0, nil, errClosed
+		case resp, ok := <-pred.ch:
+			rev, err := w.deleted(ctx, pred, resp, ok)
+			if err != nil || rev != 0 {
+				return max(rev, 0), nil, err
 			}
-			if resp.Created {
-				if resp.Header.Revision > readRev {
-					g, err := b.cli.Get(ctx, key, clientv3.WithKeysOnly())
-					if err != nil {
-						return 0, fmt.Errorf("etcdlock: acquire %q: %w", w.r.Key, err)
-					}
-					if len(g.Kvs) == 0 || g.Kvs[0].CreateRevision != pred.CreateRevision {
-						return g.Header.Revision, nil
-					}
-				}
+		case resp, ok := <-pp.events():
+			rev, err := w.deleted(ctx, pp, resp, ok)
+			switch {
+			case err != nil:
+				return 0, nil, err
+			case rev < 0:
+				pp.stop() // no shortcut: the predecessor's deletion is read after
+				pp = nil
+				continue
+			case rev == 0:
 				continue
 			}
-			for _, ev := range resp.Events {
-				if ev.Type == mvccpb.DELETE {
-					return ev.Kv.ModRevision, nil
-				}
+			pp.stop()
+			pp = nil
+			q, err := w.check(ctx, rev)
+			switch {
+			case err != nil:
+				return 0, nil, err
+			case q.recheck || !w.claimed:
+				return 0, nil, nil
+			case q.pred == nil || string(q.pred.Key) != string(p.pred.Key) || q.pred.CreateRevision != p.pred.CreateRevision:
+				return 0, &q, nil
+			}
+			*p = q
+			if q.pp != nil {
+				pp = w.watchDelete(wctx, q.pp, q.readRev, false)
 			}
 		case <-timer.C:
 			err := b.keepAlive(ctx, w.ls)
 			switch {
 			case b.dead(w.ls):
-				return 0, nil // the entry went with the lease: read again, queue again
+				return 0, nil, nil // the entry went with the lease: read again, queue again
 			case ctx.Err() != nil:
-				return 0, ctx.Err()
+				return 0, nil, ctx.Err()
 			case err != nil:
 				// Unreachable for now: try again soon; the entry lives until
 				// the lease's TTL runs out.
@@ -340,4 +415,83 @@ func (w *waiter) awaitDelete(ctx context.Context, pred *mvccpb.KeyValue, readRev
 			}
 		}
 	}
+}
+
+// deleteWatch is a watch for the deletion of one entry, seen at readRev.
+type deleteWatch struct {
+	kv      *mvccpb.KeyValue
+	readRev int64
+	verify  bool // read the entry once more if written to before the watch started
+	ch      clientv3.WatchChan
+	cancel  context.CancelFunc
+}
+
+// watchDelete starts watching kv (seen at readRev) for deletion, from the
+// server's current revision, on the shared watch stream of ctx. With
+// verify, a deletion between the read and the start of the watch is found
+// by one more read (see deleted); without, it goes unnoticed, which is
+// fine for the entry before the predecessor, watched only to save a read
+// later (and rarely deleted in that short window).
+func (w *waiter) watchDelete(ctx context.Context, kv *mvccpb.KeyValue, readRev int64, verify bool) *deleteWatch {
+	ctx, cancel := context.WithCancel(ctx)
+	return &deleteWatch{
+		kv:      kv,
+		readRev: readRev,
+		verify:  verify,
+		ch:      w.b.cli.Watch(ctx, string(kv.Key), clientv3.WithFilterPut(), clientv3.WithCreatedNotify()),
+		cancel:  cancel,
+	}
+}
+
+// events returns the watch's channel; nil (never ready) for a nil watch.
+func (d *deleteWatch) events() clientv3.WatchChan {
+	if d == nil {
+		return nil
+	}
+	return d.ch
+}
+
+func (d *deleteWatch) stop() {
+	if d != nil {
+		d.cancel()
+	}
+}
+
+// deleted interprets one receive (resp, ok) on d: a revision at which
+// d's entry was seen deleted; 0 when not deleted (yet); -1 when the watch
+// ended (cancelled by the server, the stream broke): the caller reads
+// again.
+func (w *waiter) deleted(ctx context.Context, d *deleteWatch, resp clientv3.WatchResponse, ok bool) (int64, error) {
+	if !ok || resp.Canceled || resp.Err() != nil {
+		if err := ctx.Err(); err != nil {
+			return 0, err
+		}
+		return -1, nil
+	}
+	if resp.Created {
+		if d.verify && resp.Header.Revision > d.readRev {
+			// Written to since the read: the entry may be gone already. A
+			// serializable read (no round of consensus) will do if it
+			// reflects the watch's start; otherwise (a lagging member) it
+			// is repeated linearizably.
+			key := string(d.kv.Key)
+			g, err := w.b.cli.Get(ctx, key, clientv3.WithKeysOnly(), clientv3.WithSerializable())
+			if err == nil && g.Header.Revision < resp.Header.Revision {
+				g, err = w.b.cli.Get(ctx, key, clientv3.WithKeysOnly())
+			}
+			if err != nil {
+				return 0, fmt.Errorf("etcdlock: acquire %q: %w", w.r.Key, err)
+			}
+			if len(g.Kvs) == 0 || g.Kvs[0].CreateRevision != d.kv.CreateRevision {
+				return g.Header.Revision, nil
+			}
+		}
+		return 0, nil
+	}
+	for _, ev := range resp.Events {
+		if ev.Type == mvccpb.DELETE {
+			return ev.Kv.ModRevision, nil
+		}
+	}
+	return 0, nil
 }

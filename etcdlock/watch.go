@@ -315,9 +315,8 @@ func (b *Backend) NotifyLoss(r dlock.Request, fn func(cause error)) (stop func()
 	if fn == nil {
 		return func() {}
 	}
-	name := b.entryName(r.Key, r.Token)
 	b.mu.Lock()
-	h := b.held[name]
+	h := b.held[b.nameOfLocked(r.Key, r.Token)]
 	switch {
 	case h == nil || h.fence != fenceRev(r.Fence):
 		b.mu.Unlock()
@@ -352,5 +351,6 @@ func (b *Backend) NotifyLoss(r dlock.Request, fn func(cause error)) (stop func()
 		}
 		b.stopWatchLocked(h)
 		delete(b.held, h.name)
+		b.unclaimLocked(h.key, h.token, h.name)
 	}
 }

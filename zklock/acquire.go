@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/dlock-go/dlock"
@@ -14,6 +15,14 @@ import (
 // gives up (context ended, TryAcquire not first, an error). If the server
 // does not answer in time the node is deleted in the background.
 const abandonTimeout = time.Second
+
+// watchAhead is a protocol switch, on; the hand-off benchmark turns it off
+// in some of its runs to measure what it saves (export_test.go): a waiter
+// third or further in line also watches the node before its predecessor
+// (see queue).
+var watchAhead atomic.Bool
+
+func init() { watchAhead.Store(true) }
 
 // maxCreates bounds the create attempts of one acquisition (a lost reply
 // whose node is not found, an expired session, a parent deleted under it).
@@ -30,8 +39,8 @@ func (b *Backend) TryAcquire(ctx context.Context, r dlock.Request) (dlock.Grant,
 }
 
 // Wait implements dlock.Waiter: it queues a lock node and waits, watching
-// only the node just ahead of it, until the node is first (granted) or
-// ctx ends. ZooKeeper's queue is its only waiting mode, so r.FIFO is
+// the node just ahead of it (and, third or further in line, the one ahead
+// of that), until the node is first (granted) or ctx ends. ZooKeeper's queue is its only waiting mode, so r.FIFO is
 // ignored: waiters are always served in arrival order. When ctx ends, Wait
 // deletes its node at once (with a fresh context bounded by one second,
 // then in the background) and returns ctx's error. A short disconnection
@@ -137,19 +146,29 @@ func (b *Backend) queue(ctx context.Context, r dlock.Request, keyPath string, no
 		// it. Nothing to clean up.
 		return fmt.Errorf("lock node %s vanished while queued (session expired?): %w", path, zk.ErrNoNode)
 	}
-	for {
-		children, err := await(ctx, func() ([]string, error) {
+	list := func() ([]string, error) {
+		return await(ctx, func() ([]string, error) {
 			c, _, err := b.conn.Children(keyPath)
 			return c, err
 		})
-		if err != nil {
-			if again, err := retry(err); !again {
-				return dlock.Grant{}, err
+	}
+	var (
+		children []string
+		listed   bool // children is a listing made since the last wake-up
+	)
+	for {
+		if !listed {
+			var err error
+			if children, err = list(); err != nil {
+				if again, err := retry(err); !again {
+					return dlock.Grant{}, err
+				}
+				continue
 			}
-			continue
 		}
+		listed = false
 		lastOK, delay = time.Now(), 20*time.Millisecond
-		i, pred := position(children, name)
+		i, pred, pp := position(children, name)
 		switch {
 		case i < 0:
 			return dlock.Grant{}, vanished()
@@ -190,10 +209,7 @@ func (b *Backend) queue(ctx context.Context, r dlock.Request, keyPath string, no
 			}
 			return b.granted(r, path, node.czxid, session, own)
 		}
-		watch, err := await(ctx, func() (<-chan zk.Event, error) {
-			_, _, ch, err := b.conn.GetW(keyPath + "/" + pred)
-			return ch, err
-		})
+		watch, err := b.watchNode(ctx, keyPath+"/"+pred)
 		switch {
 		case errors.Is(err, zk.ErrNoNode):
 			continue // the predecessor left already: look again
@@ -203,6 +219,12 @@ func (b *Backend) queue(ctx context.Context, r dlock.Request, keyPath string, no
 			}
 			continue
 		}
+		// Third or further in line: watch the node before the predecessor
+		// too (see below). Its absence only costs the shortcut.
+		var ppWatch <-chan zk.Event
+		if pp != "" && watchAhead.Load() {
+			ppWatch = b.watchBefore(ctx, keyPath+"/"+pp)
+		}
 		if own == nil && (node.czxid == 0 || i == 1) {
 			if ok, err := readOwn(); !ok {
 				if err != nil {
@@ -211,33 +233,91 @@ func (b *Backend) queue(ctx context.Context, r dlock.Request, keyPath string, no
 				continue
 			}
 		}
-		select {
-		case ev := <-watch:
-			if ev.Type == zk.EventNodeDeleted && i == 1 && own.armed() {
-				// The predecessor was the head of the queue, and nodes
-				// ahead of ours only ever leave (later nodes get higher
-				// sequence numbers): ours is the head now, unless it was
-				// deleted itself — and that event, being earlier, would
-				// already be on own.watch (armed checks). Granted without
-				// listing again: the hand-off costs the release's round
-				// trip and one notification.
-				return b.granted(r, path, node.czxid, session, own)
+	wait:
+		for {
+			select {
+			case ev := <-watch:
+				if ev.Type == zk.EventNodeDeleted && i == 1 && own.armed() {
+					// The predecessor was the head of the queue, and nodes
+					// ahead of ours only ever leave (later nodes get higher
+					// sequence numbers): ours is the head now, unless it was
+					// deleted itself — and that event, being earlier, would
+					// already be on own.watch (armed checks). Granted without
+					// listing again: the hand-off costs the release's round
+					// trip and one notification.
+					return b.granted(r, path, node.czxid, session, own)
+				}
+				// A waiter ahead left, the node changed, or the watch was
+				// dropped (session expired, connection closed): look again.
+				break wait
+			case <-ppWatch:
+				// The node before the predecessor changed, usually deleted
+				// by its holder's release: the predecessor may hold the lock
+				// now. Listing now, while it does, rather than after its own
+				// release, takes that round trip off the path of the next
+				// hand-off: if the predecessor heads the queue, its deletion
+				// is the grant (second in line, above). If a waiter ahead
+				// gave up instead, the node now before the predecessor is
+				// watched. Each deletion thus wakes at most two waiters.
+				ppWatch = nil
+				c, err := list()
+				if err != nil {
+					break wait // handled by the listing at the top
+				}
+				lastOK, delay = time.Now(), 20*time.Millisecond
+				j, p2, pp2 := position(c, name)
+				if j <= 0 || p2 != pred {
+					children, listed = c, true // the predecessor left too
+					break wait
+				}
+				i = j
+				if pp2 != "" && watchAhead.Load() {
+					ppWatch = b.watchBefore(ctx, keyPath+"/"+pp2)
+				}
+				if i == 1 && own == nil {
+					if ok, err := readOwn(); !ok {
+						if err != nil {
+							return dlock.Grant{}, err
+						}
+						break wait
+					}
+				}
+			case ev := <-own.ch():
+				if ev.Type == zk.EventNodeDeleted {
+					return dlock.Grant{}, vanished()
+				}
+				own.watch = nil // no longer watched: no shortcut
+			case <-ctx.Done():
+				b.abandon(path)
+				return dlock.Grant{}, ctx.Err()
+			case <-b.ctx.Done():
+				b.abandon(path)
+				return dlock.Grant{}, errClosed
 			}
-			// A waiter ahead left, the node changed, or the watch was
-			// dropped (session expired, connection closed): look again.
-		case ev := <-own.ch():
-			if ev.Type == zk.EventNodeDeleted {
-				return dlock.Grant{}, vanished()
-			}
-			own.watch = nil // no longer watched: no shortcut
-		case <-ctx.Done():
-			b.abandon(path)
-			return dlock.Grant{}, ctx.Err()
-		case <-b.ctx.Done():
-			b.abandon(path)
-			return dlock.Grant{}, errClosed
 		}
 	}
+}
+
+// watchBefore watches the node at path, ahead of a waiter's predecessor,
+// for the queue loop: a node already gone yields a deletion event at once;
+// a failed request, no watch (nil: only the shortcut is lost).
+func (b *Backend) watchBefore(ctx context.Context, path string) <-chan zk.Event {
+	ch, err := b.watchNode(ctx, path)
+	if errors.Is(err, zk.ErrNoNode) {
+		gone := make(chan zk.Event, 1)
+		gone <- zk.Event{Type: zk.EventNodeDeleted, Path: path}
+		return gone
+	}
+	return ch
+}
+
+// watchNode sets a data watch on the node at path (GetW), bounded by ctx.
+// It fails with zk.ErrNoNode when the node does not exist.
+func (b *Backend) watchNode(ctx context.Context, path string) (<-chan zk.Event, error) {
+	return await(ctx, func() (<-chan zk.Event, error) {
+		_, _, ch, err := b.conn.GetW(path)
+		return ch, err
+	})
 }
 
 // ch returns the watch channel, nil (blocking forever) when there is none.

@@ -1,9 +1,14 @@
 package zklock_test
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"net"
+	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -20,13 +25,22 @@ import (
 // Backend and dlock.Client; the peer: its own connection and
 // go-zookeeper's zk.Lock), each holding the lock about 100µs.
 //
-// Both sets of n workers are set up once and take turns in short slices
-// (only one set runs at a time), so that both see the same machine: the
-// load of a shared machine drifts over seconds, which makes back-to-back
-// runs of several seconds incomparable. Reported: the median rate of each
-// over its slices, and the median ratio of adjacent slice pairs.
+// The sets of n workers (zklock twice: as in production and without
+// watching the node ahead of the predecessor; then the peer) are set up
+// once and take turns in short slices (only one set runs at a time), so
+// that all see the same machine: the load of a shared machine drifts over
+// seconds, which makes back-to-back runs of several seconds incomparable.
+// Reported: the median rate of each over its slices, the median ratio to
+// the peer's slice of the same round, and, per
+// grant, what the server counted meanwhile (mntr: requests, fsyncs of its
+// transaction log and their time) and the CPU time of the server and of
+// the clients' process.
 //
 //	go test -run '^$' -bench Handoff -benchtime 1x
+//
+// TMPDIR=/dev/shm puts the server's data directory on tmpfs, which takes a
+// disk shared with other work out of the comparison (an additional
+// figure, not a replacement).
 func BenchmarkHandoff(b *testing.B) {
 	for _, n := range []int{16, 2} {
 		b.Run(fmt.Sprintf("workers=%d", n), func(b *testing.B) { benchHandoff(b, n) })
@@ -37,32 +51,36 @@ func benchHandoff(b *testing.B, workers int) {
 	const (
 		hold    = 100 * time.Microsecond
 		slice   = 250 * time.Millisecond
-		pairs   = 40
+		rounds  = 40
 		session = 10 * time.Second
 	)
 	key := fmt.Sprintf("bench-%d", time.Now().UnixNano())
-	ours := newContenders(workers, hold, func() (lock, unlock, close func()) {
-		_, be, err := zklock.Connect([]string{zkServer.Addr()}, session, zklock.WithLogger(quiet{}))
-		if err != nil {
-			b.Fatal(err)
-		}
-		c := dlock.New(be, dlock.WithTTL(session))
-		var l *dlock.Lease
-		lock = func() {
-			var err error
-			if l, err = c.Acquire(context.Background(), key); err != nil {
-				b.Error(err)
+	newOurs := func() *contenders {
+		return newContenders(workers, hold, func() (lock, unlock, close func()) {
+			_, be, err := zklock.Connect([]string{zkServer.Addr()}, session, zklock.WithLogger(quiet{}))
+			if err != nil {
+				b.Fatal(err)
 			}
-		}
-		unlock = func() {
-			if err := l.Release(context.Background()); err != nil {
-				b.Error(err)
+			c := dlock.New(be, dlock.WithTTL(session))
+			var l *dlock.Lease
+			lock = func() {
+				var err error
+				if l, err = c.Acquire(context.Background(), key); err != nil {
+					b.Error(err)
+				}
 			}
-		}
-		return lock, unlock, func() { c.Close() }
-	})
-	defer ours.close()
-	peer := newContenders(workers, hold, func() (lock, unlock, close func()) {
+			unlock = func() {
+				if err := l.Release(context.Background()); err != nil {
+					b.Error(err)
+				}
+			}
+			return lock, unlock, func() { c.Close() }
+		})
+	}
+	// The sets take turns, in a rotating order: zklock as in production,
+	// zklock without watching the node ahead of the predecessor (what that
+	// saves), and the peer.
+	sets := []*contenders{newOurs(), newOurs(), newContenders(workers, hold, func() (lock, unlock, close func()) {
 		conn, _, err := zk.Connect([]string{zkServer.Addr()}, session, zk.WithLogger(quiet{}))
 		if err != nil {
 			b.Fatal(err)
@@ -79,28 +97,47 @@ func benchHandoff(b *testing.B, workers int) {
 			}
 		}
 		return lock, unlock, conn.Close
-	})
-	defer peer.close()
-
+	})}
+	names := []string{"zklock", "zklock (no watch ahead)", "zk.Lock"}
+	ahead := []bool{true, false, true}
+	for _, c := range sets {
+		defer c.close()
+	}
+	run := func(i int) float64 {
+		restore := zklock.SetWatchAhead(ahead[i])
+		defer restore()
+		return sets[i].run(slice)
+	}
 	for range 4 { // warm-up: the JVM's JIT compiler, parent nodes
-		ours.run(slice)
-		peer.run(slice)
-	}
-	var o, p, ratio []float64
-	for i := 0; i < pairs; i++ {
-		var x, y float64
-		if i%2 == 0 {
-			x, y = ours.run(slice), peer.run(slice)
-		} else {
-			y, x = peer.run(slice), ours.run(slice)
+		for i := range sets {
+			run(i)
 		}
-		o, p, ratio = append(o, x), append(p, y), append(ratio, x/y)
 	}
-	b.Logf("zklock  hand-offs/s per slice: %.0f", o)
-	b.Logf("zk.Lock hand-offs/s per slice: %.0f", p)
-	b.ReportMetric(median(o), "zklock-handoffs/s")
-	b.ReportMetric(median(p), "zk.Lock-handoffs/s")
-	b.ReportMetric(median(ratio), "median-ratio")
+	rates := make([][]float64, len(sets))
+	ratios := make([][]float64, len(sets)) // to the peer, per round
+	for r := range rounds {
+		got := make([]float64, len(sets))
+		for k := range sets {
+			i := (r + k) % len(sets)
+			got[i] = run(i)
+		}
+		peer := got[len(sets)-1]
+		for i := range sets {
+			rates[i] = append(rates[i], got[i])
+			ratios[i] = append(ratios[i], got[i]/peer)
+		}
+	}
+	for i, name := range names {
+		b.Logf("%-24s hand-offs/s per slice: %.0f", name, rates[i])
+		b.Logf("%-24s median %.0f/s, median ratio to the peer %.2f; per grant: %s", name, median(rates[i]), median(ratios[i]), sets[i].srv.per(sets[i].total))
+	}
+	b.ReportMetric(median(rates[0]), "zklock-handoffs/s")
+	b.ReportMetric(median(rates[len(sets)-1]), "zk.Lock-handoffs/s")
+	b.ReportMetric(median(ratios[0]), "median-ratio")
+	b.ReportMetric(median(ratios[1]), "noahead-median-ratio")
+	b.ReportMetric(sets[0].srv.requests/float64(max(sets[0].total, 1)), "zklock-reqs/op")
+	b.ReportMetric(sets[1].srv.requests/float64(max(sets[1].total, 1)), "noahead-reqs/op")
+	b.ReportMetric(sets[2].srv.requests/float64(max(sets[2].total, 1)), "zk.Lock-reqs/op")
 }
 
 // contenders are goroutines that take turns holding one lock, each with
@@ -109,6 +146,8 @@ type contenders struct {
 	hold    time.Duration
 	workers []contender
 	grants  atomic.Int64
+	total   int64     // grants over every run
+	srv     zkMetrics // what the server counted during the runs
 }
 
 type contender struct{ lock, unlock, close func() }
@@ -130,6 +169,7 @@ func (c *contenders) run(d time.Duration) float64 {
 		stop atomic.Bool
 		wg   sync.WaitGroup
 	)
+	before := scrape()
 	c.grants.Store(0)
 	began := time.Now()
 	for _, w := range c.workers {
@@ -147,7 +187,10 @@ func (c *contenders) run(d time.Duration) float64 {
 	time.Sleep(d)
 	stop.Store(true)
 	wg.Wait()
-	return float64(c.grants.Load()) / time.Since(began).Seconds()
+	rate := float64(c.grants.Load()) / time.Since(began).Seconds()
+	c.total += c.grants.Load()
+	c.srv.add(scrape(), before)
+	return rate
 }
 
 func (c *contenders) close() {
@@ -164,4 +207,85 @@ func median(xs []float64) float64 {
 	}
 	n := len(s)
 	return (s[n/2-1] + s[n/2]) / 2
+}
+
+// zkMetrics are counters of the ZooKeeper server (four-letter word mntr)
+// and CPU times.
+type zkMetrics struct {
+	requests float64 // packets received (requests and pings)
+	fsyncs   float64 // transaction log fsyncs
+	fsyncMs  float64 // milliseconds spent in them
+	srvCPU   float64 // CPU seconds of the server (the JVM)
+	cliCPU   float64 // CPU seconds of this (the clients') process
+}
+
+// scrape reads the test server's counters; on failure the figures are
+// zero (they are informative only).
+func scrape() zkMetrics {
+	m := zkMetrics{srvCPU: cpuSeconds(zkServer.PID()), cliCPU: cpuSeconds(os.Getpid())}
+	conn, err := net.DialTimeout("tcp", zkServer.Addr(), 5*time.Second)
+	if err != nil {
+		return m
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := conn.Write([]byte("mntr")); err != nil {
+		return m
+	}
+	sc := bufio.NewScanner(conn)
+	for sc.Scan() {
+		name, val, ok := strings.Cut(sc.Text(), "\t")
+		if !ok {
+			continue
+		}
+		v, err := strconv.ParseFloat(val, 64)
+		if err != nil {
+			continue
+		}
+		switch name {
+		case "zk_packets_received":
+			m.requests = v
+		case "zk_cnt_fsynctime":
+			m.fsyncs = v
+		case "zk_sum_fsynctime":
+			m.fsyncMs = v
+		}
+	}
+	return m
+}
+
+// add adds the difference after − before to m.
+func (m *zkMetrics) add(after, before zkMetrics) {
+	m.requests += after.requests - before.requests
+	m.fsyncs += after.fsyncs - before.fsyncs
+	m.fsyncMs += after.fsyncMs - before.fsyncMs
+	m.srvCPU += after.srvCPU - before.srvCPU
+	m.cliCPU += after.cliCPU - before.cliCPU
+}
+
+// per formats m divided by n grants.
+func (m *zkMetrics) per(n int64) string {
+	if n == 0 {
+		return "no grants"
+	}
+	f := float64(n)
+	return fmt.Sprintf("requests %.2f, fsyncs %.2f, fsync %.3f ms, CPU ms: server %.2f, clients %.2f",
+		m.requests/f, m.fsyncs/f, m.fsyncMs/f, m.srvCPU*1e3/f, m.cliCPU*1e3/f)
+}
+
+// cpuSeconds returns the user+system CPU time of process pid from
+// /proc/PID/stat (Linux; 0 elsewhere).
+func cpuSeconds(pid int) float64 {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	_, rest, _ := strings.Cut(string(raw), ") ")
+	f := strings.Fields(rest)
+	if len(f) < 13 {
+		return 0
+	}
+	u, _ := strconv.ParseFloat(f[11], 64)
+	s, _ := strconv.ParseFloat(f[12], 64)
+	return (u + s) / 100 // USER_HZ
 }

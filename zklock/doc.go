@@ -41,21 +41,30 @@
 // # Acquiring
 //
 // An acquisition creates its node and lists the queue: first in the queue
-// means granted; otherwise Wait sets a watch on the node just ahead (one
-// watch per waiter, so a release wakes exactly one waiter — no herd) and
+// means granted; otherwise Wait sets a watch on the node just ahead and
 // lists again when it fires, since the predecessor may have been a waiter
 // that gave up. A waiter second in line also watches its own node; then
 // the predecessor's deletion is the grant and no listing is needed (nodes
 // ahead only ever leave, and had our node been deleted first, its watch
 // would have fired first): the hand-off costs the holder's delete and one
-// notification. TryAcquire deletes its node again when it is not first. A
-// waiter whose context ends deletes its node at once, with a fresh context
-// bounded by a second, and returns the context's error; go-zookeeper's own
-// zk.Lock has neither contexts nor a try operation.
+// notification. A waiter third or further in line also watches the node
+// before its predecessor: when that one goes (usually its holder
+// released), it lists the queue while the predecessor holds the lock and,
+// finding the predecessor first, is second in line for the next hand-off,
+// so that one needs no listing either. A release thus wakes at most two
+// waiters, never a herd. TryAcquire deletes its node again when it is not
+// first. A waiter whose context ends deletes its node at once, with a
+// fresh context bounded by a second, and returns the context's error;
+// go-zookeeper's own zk.Lock has neither contexts nor a try operation.
 //
 // Round trips: an uncontended acquire and release take three (create,
-// list, delete) and a contended one five (create, list, watch, list,
-// delete), as zk.Lock's do. The fence costs none: with Connect it is read
+// list, delete), as zk.Lock's do. A waiter queued second takes five
+// (create, list, watch, exists on its own node, delete), one queued
+// further back seven (also a watch on the node before its predecessor and
+// a listing when that one goes, while the predecessor holds the lock);
+// either sends nothing between its predecessor's delete and its grant.
+// zk.Lock takes five (create, list, watch, list, delete), its second
+// listing on the path of every hand-off. The fence costs none: with Connect it is read
 // off the wire from the create's reply (whose zxid is the new node's
 // czxid), with New the create is a multi-op with an empty write to the
 // queue node, whose returned Stat carries the same zxid. The watch that

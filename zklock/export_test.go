@@ -51,3 +51,12 @@ func Frames(stream []byte, max, chunk int) [][]byte {
 	}
 	return heads
 }
+
+// SetWatchAhead turns the protocol switch watchAhead on or off (for
+// benchmarks that measure what it saves) and returns a function restoring
+// it. Not safe while acquisitions run.
+func SetWatchAhead(on bool) (restore func()) {
+	old := watchAhead.Load()
+	watchAhead.Store(on)
+	return func() { watchAhead.Store(old) }
+}

@@ -124,15 +124,16 @@ func parseQueue(children []string) queue {
 }
 
 // position returns how many lock nodes among children are ahead of name
-// (lower sequence) and the one just ahead ("" when none), or index -1 when
-// name is not among them. One pass, no sorting: the acquisition path only
-// needs its own place.
-func position(children []string, name string) (index int, pred string) {
+// (lower sequence), the one just ahead (pred, "" when none) and the one
+// just ahead of that (pp, "" when none), or index -1 when name is not
+// among them. One pass, no sorting: the acquisition path only needs its
+// own place.
+func position(children []string, name string) (index int, pred, pp string) {
 	own, ok := lockSeq(name)
 	if !ok {
-		return -1, ""
+		return -1, "", ""
 	}
-	found, best := false, int64(-1)
+	found, best, second := false, int64(-1), int64(-1)
 	for _, c := range children {
 		if c == name {
 			found = true
@@ -143,14 +144,18 @@ func position(children []string, name string) (index int, pred string) {
 			continue
 		}
 		index++
-		if seq > best {
+		switch {
+		case seq > best:
+			second, pp = best, pred
 			best, pred = seq, c
+		case seq > second:
+			second, pp = seq, c
 		}
 	}
 	if !found {
-		return -1, ""
+		return -1, "", ""
 	}
-	return index, pred
+	return index, pred, pp
 }
 
 // findProtected returns the child whose name starts with the protected

@@ -1,0 +1,317 @@
+package etcdlock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/etcdlock"
+)
+
+// TestFIFOSkipsCancelledWaiters queues a holder and six waiters in a known
+// order, cancels two of them in the middle of the queue (the second and
+// the fourth: each is the predecessor of one waiter and the entry before
+// the predecessor of another), releases the holder, and checks that the
+// others are granted exactly in queue order and that the cancelled ones
+// left nothing behind.
+func TestFIFOSkipsCancelledWaiters(t *testing.T) {
+	const waiters = 6
+	cancelled := map[int]bool{1: true, 3: true}
+	key := uniqueKey(t)
+	cli := newCli(t, srv.Endpoints())
+	hc, _ := newClient(t, srv.Endpoints())
+	ctx := ctxT(t, time.Minute)
+	holder, err := hc.Acquire(ctx, key)
+	if err != nil {
+		t.Fatalf("Acquire holder: %v", err)
+	}
+	order := make(chan int, waiters)
+	errs := make(chan error, waiters)
+	cancels := make([]context.CancelFunc, waiters)
+	for i := range waiters {
+		c, _ := newClient(t, srv.Endpoints())
+		wctx, cancel := context.WithCancel(ctx)
+		cancels[i] = cancel
+		t.Cleanup(cancel)
+		go func() {
+			l, err := c.Acquire(wctx, key)
+			if err != nil {
+				if cancelled[i] && errors.Is(err, context.Canceled) {
+					err = nil
+				}
+				errs <- err
+				return
+			}
+			order <- i
+			errs <- l.Release(context.Background())
+		}()
+		waitFor(t, 10*time.Second, fmt.Sprintf("waiter %d queued", i), func() bool { return entries(t, cli, key) == int64(i+2) })
+	}
+	queued := int64(waiters + 1)
+	for i := range waiters {
+		if cancelled[i] {
+			cancels[i]()
+			queued--
+			waitFor(t, 10*time.Second, fmt.Sprintf("waiter %d gone", i), func() bool { return entries(t, cli, key) == queued })
+		}
+	}
+	if err := holder.Release(ctx); err != nil {
+		t.Fatalf("Release holder: %v", err)
+	}
+	var got, want []int
+	for i := range waiters {
+		if !cancelled[i] {
+			want = append(want, i)
+		}
+	}
+	for done := 0; done < waiters; {
+		select {
+		case i := <-order:
+			got = append(got, i)
+		case err := <-errs:
+			if err != nil {
+				t.Fatalf("waiter: %v", err)
+			}
+			done++
+		case <-ctx.Done():
+			t.Fatalf("grants: got %v before the deadline, want %v", got, want)
+		}
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("grant order: got waiters %v, want %v", got, want)
+	}
+	if n := entries(t, cli, key); n != 0 {
+		t.Fatalf("entries at the end: got %d, want 0", n)
+	}
+}
+
+// callCounter counts the unary gRPC calls of an etcd client, by method,
+// and the watches the server confirmed created.
+type callCounter struct {
+	mu      sync.Mutex
+	calls   map[string]int
+	created atomic.Int32
+}
+
+func (c *callCounter) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	s, err := streamer(ctx, desc, cc, method, opts...)
+	if err != nil {
+		return s, err
+	}
+	return &countingStream{ClientStream: s, c: c}, nil
+}
+
+// countingStream counts the watch creations a stream receives.
+type countingStream struct {
+	grpc.ClientStream
+	c *callCounter
+}
+
+func (s *countingStream) RecvMsg(m any) error {
+	err := s.ClientStream.RecvMsg(m)
+	if r, ok := m.(*etcdserverpb.WatchResponse); ok && err == nil && r.Created {
+		s.c.created.Add(1)
+	}
+	return err
+}
+
+func (c *callCounter) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	c.mu.Lock()
+	c.calls[method]++
+	c.mu.Unlock()
+	return invoker(ctx, method, req, reply, cc, opts...)
+}
+
+// take returns the calls counted since the last take.
+func (c *callCounter) take() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	calls := c.calls
+	c.calls = make(map[string]int)
+	return calls
+}
+
+func (c *callCounter) count(method string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.calls[method]
+}
+
+// TestThirdInLineGrantedWithoutRead checks the hand-off shortcut of a
+// waiter third in line: when the holder releases, it reads its position
+// once (while the next waiter holds the lock) and finds its predecessor at
+// the head; the predecessor's release then grants it with no further
+// request.
+func TestThirdInLineGrantedWithoutRead(t *testing.T) {
+	const txn = "/etcdserverpb.KV/Txn"
+	key := uniqueKey(t)
+	cli := newCli(t, srv.Endpoints())
+	hc, _ := newClient(t, srv.Endpoints())
+	ctx := ctxT(t, time.Minute)
+	holder, err := hc.Acquire(ctx, key)
+	if err != nil {
+		t.Fatalf("Acquire holder: %v", err)
+	}
+	c1, _ := newClient(t, srv.Endpoints())
+	first := make(chan *dlock.Lease, 1)
+	go func() {
+		l, err := c1.Acquire(ctx, key)
+		if err != nil {
+			t.Errorf("first waiter: %v", err)
+		}
+		first <- l
+	}()
+	waitFor(t, 10*time.Second, "first waiter queued", func() bool { return entries(t, cli, key) == 2 })
+
+	counter := &callCounter{calls: make(map[string]int)}
+	cli2, err := clientv3.New(clientv3.Config{
+		Endpoints:   srv.Endpoints(),
+		DialTimeout: 5 * time.Second,
+		Logger:      zap.NewNop(),
+		DialOptions: []grpc.DialOption{
+			grpc.WithChainUnaryInterceptor(counter.intercept),
+			grpc.WithChainStreamInterceptor(counter.stream),
+		},
+	})
+	if err != nil {
+		t.Fatalf("clientv3.New: %v", err)
+	}
+	t.Cleanup(func() { cli2.Close() })
+	c2 := dlock.New(etcdlock.New(cli2), dlock.WithTTL(10*time.Second))
+	t.Cleanup(func() { c2.Close() })
+	type result struct {
+		l     *dlock.Lease
+		calls map[string]int // calls from the first waiter's release on
+		err   error
+	}
+	second := make(chan result, 1)
+	go func() {
+		l, err := c2.Acquire(ctx, key)
+		second <- result{l, counter.take(), err}
+	}()
+	// Queued third, it watches its predecessor and the holder's entry.
+	waitFor(t, 10*time.Second, "the third waiter's watches", func() bool { return counter.created.Load() == 2 })
+
+	if err := holder.Release(ctx); err != nil {
+		t.Fatalf("Release holder: %v", err)
+	}
+	l1 := <-first
+	if l1 == nil {
+		t.FailNow()
+	}
+	// The holder's entry is gone: the third waiter reads its position
+	// again (its second transaction, after the one that queued it).
+	waitFor(t, 10*time.Second, "the third waiter's read", func() bool { return counter.count(txn) >= 2 })
+	counter.take()
+	if err := l1.Release(ctx); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	r := <-second
+	if r.err != nil {
+		t.Fatalf("third waiter: %v", r.err)
+	}
+	defer r.l.Release(context.Background())
+	if len(r.calls) != 0 {
+		t.Fatalf("calls of the third waiter after its predecessor's release: got %v, want none", r.calls)
+	}
+}
+
+// TestEntryKeyReused checks that a Backend taking the same lock again and
+// again reuses one etcd key (a new key per acquisition would leave one
+// more dead key in etcd's index, which every read of the queue walks),
+// and that acquisitions in flight at the same time through one Backend get
+// distinct keys.
+func TestEntryKeyReused(t *testing.T) {
+	key := uniqueKey(t)
+	c, b := newClient(t, srv.Endpoints())
+	ctx := ctxT(t, 30*time.Second)
+	first := ""
+	for i := range 5 {
+		l, err := c.Acquire(ctx, key)
+		if err != nil {
+			t.Fatalf("Acquire %d: %v", i, err)
+		}
+		name := b.LockKey(l.Key(), l.Owner())
+		if first == "" {
+			first = name
+		}
+		if name != first {
+			t.Fatalf("etcd key of acquisition %d: got %s, want %s (the first one's)", i, name, first)
+		}
+		if err := l.Release(ctx); err != nil {
+			t.Fatalf("Release %d: %v", i, err)
+		}
+	}
+	held, err := c.Acquire(ctx, key)
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	queued := make(chan *dlock.Lease, 1)
+	go func() {
+		l, err := c.Acquire(ctx, key)
+		if err != nil {
+			t.Errorf("second Acquire: %v", err)
+		}
+		queued <- l
+	}()
+	cli := newCli(t, srv.Endpoints())
+	waitFor(t, 10*time.Second, "second acquisition queued", func() bool { return entries(t, cli, key) == 2 })
+	if err := held.Release(ctx); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	l := <-queued
+	if l == nil {
+		t.FailNow()
+	}
+	if name := b.LockKey(l.Key(), l.Owner()); name == first {
+		t.Fatalf("etcd key of an acquisition queued behind a hold of the same Backend: got %s, want another than the hold's", name)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+}
+
+// TestLeftoverInSlotIsRemoved puts a foreign value under the etcd key a
+// Backend reuses for a lock (as if an earlier entry of it had survived
+// unnoticed); the next acquisition must not mistake it for its own: it
+// queues under another key, the leftover is deleted, and the lock is
+// granted.
+func TestLeftoverInSlotIsRemoved(t *testing.T) {
+	key := uniqueKey(t)
+	cli := newCli(t, srv.Endpoints())
+	c, b := newClient(t, srv.Endpoints())
+	ctx := ctxT(t, 30*time.Second)
+	l, err := c.Acquire(ctx, key)
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	slot := b.LockKey(l.Key(), l.Owner())
+	if err := l.Release(ctx); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if _, err := cli.Put(ctx, slot, "1 someone-else"); err != nil {
+		t.Fatalf("Put: %v", err)
+	}
+	l, err = c.Acquire(ctx, key)
+	if err != nil {
+		t.Fatalf("Acquire over a leftover: %v", err)
+	}
+	defer l.Release(context.Background())
+	if name := b.LockKey(l.Key(), l.Owner()); name == slot {
+		t.Fatalf("etcd key of the acquisition: got the leftover's %s, want another", name)
+	}
+	resp, err := cli.Get(ctx, slot)
+	if err != nil || len(resp.Kvs) != 0 {
+		t.Fatalf("leftover after the acquisition: got %v (err %v), want deleted", resp.Kvs, err)
+	}
+}
