@@ -76,9 +76,12 @@
 // Sharing a lease has one consequence: a lock is kept alive as long as the
 // lease is renewed for any lock of the Backend. When the Client gives a
 // lease up without releasing it (it expired locally: WithAutoRenew(false),
-// or renewals failed until its deadline), the Backend deletes its entry
-// itself (retried on later refreshes while the server is unreachable), and
-// Close revokes the leases, deleting whatever is left.
+// or renewals failed until its deadline), or a release fails (the server
+// unreachable), the Backend deletes the entry itself: in the background,
+// retried every 50 ms doubling up to 1 s until it succeeds, and at once
+// before the Backend queues on (or tries) the same lock again, so that its
+// own leftover, kept alive by the lease its waits renew, does not head the
+// queue. Close revokes the leases, deleting whatever is left.
 //
 // # Waiting
 //

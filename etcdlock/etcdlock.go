@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -43,6 +44,12 @@ const (
 	// lossWatchDelay is how long after a grant the deletion watch of the
 	// lock starts (from the grant's revision); see addHold.
 	lossWatchDelay = 50 * time.Millisecond
+
+	// sweepMinDelay and sweepMaxDelay bound the pause between two passes
+	// of the background removal of orphans while some remain (see
+	// sweepLocked).
+	sweepMinDelay = 50 * time.Millisecond
+	sweepMaxDelay = time.Second
 
 	// maxCAS bounds the compare-and-swap retries on a reentrant entry's
 	// hold count (each retry means another holder of the same owner token
@@ -109,7 +116,8 @@ type Backend struct {
 	slotOf   map[tokenKey]*slot    // entry names of non-reentrant requests served
 	slotUsed map[string]struct{}   // the names in slotOf
 	orphans  map[string]orphan     // entries to delete, by etcd key
-	sweeping bool
+	busy     map[string]struct{}   // orphans being removed right now
+	sweeping bool                  // sweepLoop runs
 	looping  bool
 	kick     chan struct{}
 	wg       sync.WaitGroup
@@ -152,6 +160,7 @@ func New(cli *clientv3.Client, opts ...Option) *Backend {
 		slotOf:   make(map[tokenKey]*slot),
 		slotUsed: make(map[string]struct{}),
 		orphans:  make(map[string]orphan),
+		busy:     make(map[string]struct{}),
 		kick:     make(chan struct{}, 1),
 	}
 	if cli == nil {
@@ -241,7 +250,9 @@ func (b *Backend) TryAcquire(ctx context.Context, r dlock.Request) (dlock.Grant,
 	if err != nil {
 		return dlock.Grant{}, err
 	}
-	dir, name := b.dir(r.Key), b.claimName(r)
+	dir := b.dir(r.Key)
+	b.clearOrphans(ctx, dir)
+	name := b.claimName(r)
 	granted := false
 	defer func() {
 		if !granted {
@@ -650,8 +661,9 @@ func (b *Backend) entryGone(name string, fence int64, cause error) {
 // returns an error matching dlock.ErrNotHeld, changing nothing, when the
 // entry is gone or was created again since r.Fence. When the server
 // cannot be reached and this was the Backend's last hold of the entry,
-// the entry is deleted later (on a later Refresh, in the background, or
-// by Close revoking the lease).
+// the entry is deleted later: in the background, retried until the server
+// answers, before the Backend queues on the same lock again, or by Close
+// revoking the lease.
 func (b *Backend) Release(ctx context.Context, r dlock.Request) error {
 	if err := b.checkName(r); err != nil {
 		return err
@@ -724,48 +736,117 @@ func (b *Backend) orphanLocked(name string, fence int64, claims int) {
 	b.orphans[name] = o
 }
 
-// sweepLocked starts a background removal of the orphans unless one is
-// running. b.mu must be held.
+// sweepLocked starts the background removal of the orphans unless it is
+// running. It makes a pass over the orphans and, while some remain (the
+// server unreachable), another after sweepMinDelay, doubling up to
+// sweepMaxDelay (back to the minimum after a pass that removed one),
+// until none remain or the Backend closes: an orphan on the Backend's
+// lease would otherwise live as long as the Backend renews that lease for
+// its other entries, and, heading a queue, stall it. b.mu must be held.
 func (b *Backend) sweepLocked() {
 	if b.sweeping || b.closed || len(b.orphans) == 0 {
 		return
 	}
 	b.sweeping = true
 	b.wg.Add(1)
-	go func() {
-		defer b.wg.Done()
+	go b.sweepLoop()
+}
+
+// sweepLoop is the background removal started by sweepLocked.
+func (b *Backend) sweepLoop() {
+	defer b.wg.Done()
+	delay := sweepMinDelay
+	for {
 		ctx, cancel := context.WithTimeout(b.ctx, cleanupTimeout)
-		defer cancel()
+		progress := b.removeOrphans(ctx, "")
+		cancel()
 		b.mu.Lock()
-		todo := make(map[string]orphan, len(b.orphans))
-		for name, o := range b.orphans {
-			todo[name] = o
-		}
-		b.mu.Unlock()
-		for name, o := range todo {
-			var err error
-			if o.fence == 0 {
-				err = b.deleteIfCreated(ctx, name, o.lease, o.value)
-			} else {
-				_, _, _, err = b.bump(ctx, name, name, "", o.fence, 0, 0, -o.claims)
-			}
-			if err != nil && !errors.Is(err, dlock.ErrNotHeld) && !errors.Is(err, dlock.ErrWrongType) {
-				continue
-			}
-			b.mu.Lock()
-			if cur := b.orphans[name]; cur.fence == o.fence {
-				if cur.claims -= o.claims; cur.claims <= 0 {
-					delete(b.orphans, name)
-				} else {
-					b.orphans[name] = cur
-				}
-			}
+		if b.closed || len(b.orphans) == 0 {
+			b.sweeping = false
 			b.mu.Unlock()
+			return
 		}
-		b.mu.Lock()
-		b.sweeping = false
 		b.mu.Unlock()
-	}()
+		if progress {
+			delay = sweepMinDelay
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-b.ctx.Done():
+			t.Stop()
+			b.mu.Lock()
+			b.sweeping = false
+			b.mu.Unlock()
+			return
+		case <-t.C:
+		}
+		delay = min(2*delay, sweepMaxDelay)
+	}
+}
+
+// removeOrphans makes one attempt at removing each orphan whose name
+// starts with dir ("": all) and that no other call is removing at the
+// moment (a reentrant orphan's claims must be taken off its hold count
+// once). It reports whether it removed any.
+func (b *Backend) removeOrphans(ctx context.Context, dir string) (progress bool) {
+	b.mu.Lock()
+	todo := make(map[string]orphan)
+	for name, o := range b.orphans {
+		if _, busy := b.busy[name]; busy || !strings.HasPrefix(name, dir) {
+			continue
+		}
+		todo[name] = o
+		b.busy[name] = struct{}{}
+	}
+	b.mu.Unlock()
+	for name, o := range todo {
+		var err error
+		if o.fence == 0 {
+			err = b.deleteIfCreated(ctx, name, o.lease, o.value)
+		} else {
+			_, _, _, err = b.bump(ctx, name, name, "", o.fence, 0, 0, -o.claims)
+		}
+		done := err == nil || errors.Is(err, dlock.ErrNotHeld) || errors.Is(err, dlock.ErrWrongType)
+		b.mu.Lock()
+		delete(b.busy, name)
+		if cur := b.orphans[name]; done && cur.fence == o.fence {
+			if cur.claims -= o.claims; cur.claims <= 0 {
+				delete(b.orphans, name)
+			} else {
+				b.orphans[name] = cur
+			}
+			progress = true
+		}
+		b.mu.Unlock()
+	}
+	return progress
+}
+
+// clearOrphans removes the Backend's orphans in the lock directory dir
+// before it queues there (or tries to take the lock): such an orphan is
+// usually the Backend's own entry whose release failed, and it would head
+// the queue, on the lease the Backend keeps renewing while it waits. One
+// attempt, bounded by ctx and abandonTimeout; the background sweep retries
+// what remains.
+func (b *Backend) clearOrphans(ctx context.Context, dir string) {
+	b.mu.Lock()
+	found := false
+	for name := range b.orphans {
+		if strings.HasPrefix(name, dir) {
+			found = true
+			break
+		}
+	}
+	b.mu.Unlock()
+	if !found {
+		return
+	}
+	cctx, cancel := context.WithTimeout(ctx, abandonTimeout)
+	defer cancel()
+	b.removeOrphans(cctx, dir)
+	b.mu.Lock()
+	b.sweepLocked()
+	b.mu.Unlock()
 }
 
 // Close implements dlock.Backend: it ends the Backend's watches and

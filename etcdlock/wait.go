@@ -38,7 +38,9 @@ func (b *Backend) Wait(ctx context.Context, r dlock.Request) (dlock.Grant, error
 	if err != nil {
 		return dlock.Grant{}, err
 	}
-	w := &waiter{b: b, r: r, dir: b.dir(r.Key), name: b.claimName(r), sec: sec, start: start}
+	dir := b.dir(r.Key)
+	b.clearOrphans(ctx, dir)
+	w := &waiter{b: b, r: r, dir: dir, name: b.claimName(r), sec: sec, start: start}
 	g, err := w.run(ctx)
 	if err != nil {
 		switch {
