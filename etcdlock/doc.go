@@ -141,6 +141,17 @@
 // learnt: the Client's watchdog declares the lease lost at its local
 // deadline (Lease.Expires), before etcd can expire it.
 //
+// After an outage the etcd client reconnects with gRPC's backoff, which
+// by default grows from 1 s to 120 s: a client whose server was down for
+// a while may stay away from it for minutes after it is back, and its
+// waiters wait that long. Cap it when creating the client, as the dlock
+// command does:
+//
+//	clientv3.Config{..., DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+//		Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+//		MinConnectTimeout: time.Second,
+//	})}}
+//
 // # Reentrancy
 //
 // A reentrant request (dlock.WithOwner) whose owner token's entry heads

@@ -7,6 +7,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/etcdlock"
@@ -34,6 +36,13 @@ func newEtcdBackend(ctx context.Context, spec *backendSpec, timeout time.Duratio
 		DialTimeout: timeout,
 		Logger:      zap.NewNop(),
 		Context:     ctx,
+		// gRPC's default reconnection backoff grows to 120 s: after a long
+		// or repeated outage a client would stay away from a server that is
+		// back. A lock holder or waiter wants to be back within a second.
+		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+			MinConnectTimeout: time.Second,
+		})},
 	})
 	if err != nil {
 		return nil, nil, unavailable("etcd", strings.Join(spec.hosts, ","), timeout, err)
