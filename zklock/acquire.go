@@ -345,8 +345,8 @@ func (s *statResult) armed() bool {
 }
 
 // granted records the hold of the node at path, first in its queue. A
-// hold granted without a watch on its node gets one from the event loop
-// once it has been held for watchDelay.
+// hold granted without a watch on its node gets one from the armer once
+// it has been held for watchDelay.
 func (b *Backend) granted(r dlock.Request, path string, czxid, session int64, own *statResult) (dlock.Grant, error) {
 	h := &hold{
 		key:     holdKey{r.Key, r.Token},
@@ -354,7 +354,6 @@ func (b *Backend) granted(r dlock.Request, path string, czxid, session int64, ow
 		fence:   uint64(czxid),
 		session: session,
 		count:   1,
-		regs:    make(map[uint64]func(error)),
 	}
 	watch := own.ch()
 	b.mu.Lock()
@@ -365,22 +364,17 @@ func (b *Backend) granted(r dlock.Request, path string, czxid, session int64, ow
 	}
 	old := b.holds[h.key]
 	b.holds[h.key] = h
-	b.startLoopLocked()
-	kick := false
 	if watch != nil {
-		h.watch, kick = watch, true
+		h.watch = watch
+		b.attachLocked(h)
 	} else {
-		h.armAt = time.Now().Add(watchDelay)
-		kick = !b.armPending // otherwise the loop wakes for an earlier hold anyway
+		b.scheduleArmLocked(h)
 	}
 	b.mu.Unlock()
 	if old != nil {
 		// An earlier hold of the same token: its node cannot be first
 		// in the queue any more, so it is gone (we were not told yet).
 		b.loseHold(old, old.goneErr())
-	}
-	if kick {
-		b.kickLoop()
 	}
 	return dlock.Grant{OK: true, Fence: h.fence, Count: 1}, nil
 }

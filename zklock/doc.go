@@ -107,10 +107,14 @@
 //
 // The dlock Client, however, computes a lease's Expires as invoke time +
 // TTL − drift and renews (Refresh) every TTL/3. A successful Refresh sent
-// at local time t0 reads the node after a sync; the server received the
-// request — which counts as contact with the session — at some t1 ≥ t0,
-// and the node existing then means the session was alive then, so the
-// server keeps the node until at least t1 + T ≥ t0 + T. The Client's
+// at local time t0 syncs on the session; the server received the sync —
+// which counts as contact with the session — at some t1 ≥ t0, and the
+// node existed then: the existence watch set on it had not fired when the
+// sync's reply came (ZooKeeper sends a watch's event before the reply to
+// any later request of the session), or, for a node not watched yet, a
+// read after the sync found it. So the session was alive at t1, and the
+// server keeps the node until at least t1 + T ≥ t0 + T. A batch of
+// renewals (dlock.BatchRefresher) is one sync, whatever its size. The Client's
 // Expires is therefore within what the server guarantees exactly when
 // TTL ≤ T. zklock rejects a longer TTL (on acquire and on Refresh) with an
 // error matching dlock.ErrInvalidTTL. A shorter TTL is safe but costs more
@@ -142,12 +146,20 @@
 //     for the rest of its session.
 //   - Session expiry, the node's deletion by anyone but Release (an
 //     operator, ForceRelease), or the connection being closed end the lease
-//     at once: the Backend waits on the watches of all held nodes from one
-//     event goroutine and reports through dlock.LossNotifier, so Lease.Done
+//     at once: the Backend waits on the watches of all held nodes (from
+//     one goroutine per 256 of them) and reports through dlock.LossNotifier, so Lease.Done
 //     closes without waiting for the next renewal. (In the first 100ms of
 //     a hold, before its watch is set, a deletion is found by Release,
 //     Refresh or the setting of the watch.) Refresh finding the node gone,
 //     or owned by another session, reports dlock.ErrNotHeld.
+//
+// Reconnection: go-zookeeper gives a session handshake 10 × 2/3 of the
+// session timeout to be answered. A server whose port accepts connections
+// but does not answer yet (a restarting ZooKeeper under load) then keeps
+// the client from trying again, and from learning that its session
+// expired, for almost seven session timeouts, during which its locks look
+// held and its waiters are blind. A Backend made by Connect cuts the
+// handshake to 2/3 of the session timeout, as the Java client does.
 //
 // Session events: go-zookeeper delivers them on the channel zk.Connect
 // returns, or to a callback that can only be installed by zk.Connect, so a

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"reflect"
 	"slices"
 	"sync"
 	"time"
@@ -24,13 +23,19 @@ type hold struct {
 	session   int64 // the node's ephemeral owner
 	count     int
 	watch     <-chan zk.Event // existence watch on path; nil until set, and once fired
-	armAt     time.Time       // when the event loop sets the watch (zero: it does not)
-	arming    bool            // the event loop is setting the watch
-	regs      map[uint64]func(error)
-	releasing bool // Release is deleting the node: its deletion is no loss
+	group     *watchGroup     // the group waiting on watch, nil when none
+	armAt     time.Time       // when the armer sets the watch (zero: it does not)
+	regs      []reg           // usually one: a slice costs less than a map per hold
+	releasing bool            // Release is deleting the node: its deletion is no loss
 }
 
 type holdKey struct{ key, token string }
+
+// reg is a NotifyLoss registration.
+type reg struct {
+	id uint64
+	fn func(error)
+}
 
 func (h *hold) goneErr() error {
 	return fmt.Errorf("zklock: lock node %s is gone: %w", h.path, dlock.ErrNotHeld)
@@ -53,19 +58,24 @@ func notHeld(key string) error {
 
 // Refresh implements dlock.Backend. ZooKeeper keeps a lock node as long
 // as its session lives, and the connection's heartbeats keep the session
-// alive, so Refresh extends nothing: it proves, with a sync and a read of
-// the node (two round trips), that the node still exists and belongs to
-// this session, which the server then keeps for at least one session
-// timeout after the read. It returns an error matching dlock.ErrNotHeld
-// when the node is gone (and reports the loss to NotifyLoss callbacks),
-// and one matching dlock.ErrInvalidTTL when r.TTL exceeds the session
-// timeout.
+// alive, so Refresh extends nothing: it proves that the node still exists
+// and belongs to this session, which the server then keeps for at least
+// one session timeout. The proof is a sync answered on the node's session
+// while the existence watch set on the node has not fired (one round
+// trip; see RefreshMany); a node without a watch (held for less than
+// 100 ms, or written to by someone) is also read, which watches it again.
+// It returns an error matching dlock.ErrNotHeld when the node is gone (and
+// reports the loss to NotifyLoss callbacks), and one matching
+// dlock.ErrInvalidTTL when r.TTL exceeds the session timeout.
 func (b *Backend) Refresh(ctx context.Context, r dlock.Request) error {
 	return b.RefreshMany(ctx, []dlock.Request{r})[0]
 }
 
-// RefreshMany implements dlock.BatchRefresher: one sync, then the reads
-// of every node pipelined on the connection (one round trip for all).
+// RefreshMany implements dlock.BatchRefresher: one sync for the whole
+// batch, after which every node whose existence watch is set and has not
+// fired is proven without a request (ZooKeeper delivers a watch's event
+// before the reply to any later request of the session); the others are
+// read, pipelined on the connection (one more round trip for all).
 func (b *Backend) RefreshMany(ctx context.Context, rs []dlock.Request) []error {
 	errs := make([]error, len(rs))
 	if err := b.usable(); err != nil {
@@ -90,27 +100,41 @@ func (b *Backend) RefreshMany(ctx context.Context, rs []dlock.Request) []error {
 	if len(todo) == 0 {
 		return errs
 	}
-	// The sync makes the reads below see everything the leader had
-	// committed when it was sent (a follower may lag), such as the
-	// deletion of our session's nodes at its expiry.
+	// The sync makes what follows see everything the leader had committed
+	// when it was sent (a follower may lag), such as the deletion of our
+	// session's nodes at its expiry: their watches' events arrive before
+	// its reply.
 	if _, err := await(ctx, func() (string, error) { return b.conn.Sync("/") }); err != nil {
 		for _, i := range todo {
 			errs[i] = zkErr("refresh", rs[i].Key, err)
 		}
 		return errs
 	}
+	session := b.conn.SessionID() // the session that answered, or a later one
+	var read []int
+	for _, i := range todo {
+		switch b.proven(hs[i], session) {
+		case alive:
+		case gone:
+			errs[i] = zkErr("refresh", rs[i].Key, hs[i].goneErr())
+		default:
+			read = append(read, i)
+		}
+	}
 	check := func(i int) {
 		errs[i] = zkErr("refresh", rs[i].Key, b.check(ctx, hs[i]))
 	}
-	if len(todo) == 1 {
-		check(todo[0])
+	if len(read) == 1 {
+		check(read[0])
 		return errs
 	}
+	sem := make(chan struct{}, armParallel)
 	var wg sync.WaitGroup
-	for _, i := range todo {
+	for _, i := range read {
+		sem <- struct{}{}
 		wg.Add(1)
 		go func() {
-			defer wg.Done()
+			defer func() { <-sem; wg.Done() }()
 			check(i)
 		}()
 	}
@@ -147,17 +171,14 @@ func (b *Backend) check(ctx context.Context, h *hold) error {
 	return nil
 }
 
-// setWatch records the existence watch set on h's node, for the event
-// loop to wait on.
+// setWatch records the existence watch set on h's node, for a watch
+// group to wait on.
 func (b *Backend) setWatch(h *hold, ch <-chan zk.Event) {
 	b.mu.Lock()
-	ok := b.holds[h.key] == h && h.watch == nil && ch != nil
-	if ok {
+	defer b.mu.Unlock()
+	if b.holds[h.key] == h && h.watch == nil && ch != nil && !b.closed {
 		h.watch, h.armAt = ch, time.Time{}
-	}
-	b.mu.Unlock()
-	if ok {
-		b.kickLoop()
+		b.attachLocked(h)
 	}
 }
 
@@ -205,8 +226,8 @@ func (b *Backend) Release(ctx context.Context, r dlock.Request) error {
 
 // NotifyLoss implements dlock.LossNotifier: fn is called once, when the
 // lock node is deleted by anyone but Release, when the session expires or
-// the connection is closed (reported by the node's watch, on the Backend's
-// event goroutine), or when Refresh or Close finds the node gone (on
+// the connection is closed (reported by the node's watch, on one of the
+// Backend's watch goroutines), or when Refresh or Close finds the node gone (on
 // their goroutine); the cause matches dlock.ErrNotHeld.
 // A disconnection alone is no loss: the session may resume (the Client's
 // Expires covers the time without an answer). If r holds nothing here, fn
@@ -227,7 +248,7 @@ func (b *Backend) NotifyLoss(r dlock.Request, fn func(cause error)) (stop func()
 	}
 	b.regID++
 	id := b.regID
-	h.regs[id] = fn
+	h.regs = append(h.regs, reg{id, fn})
 	b.mu.Unlock()
 	var once sync.Once
 	return func() { once.Do(func() { b.unregister(h, id) }) }
@@ -235,11 +256,12 @@ func (b *Backend) NotifyLoss(r dlock.Request, fn func(cause error)) (stop func()
 
 func (b *Backend) unregister(h *hold, id uint64) {
 	b.mu.Lock()
-	if _, ok := h.regs[id]; !ok {
+	i := slices.IndexFunc(h.regs, func(r reg) bool { return r.id == id })
+	if i < 0 {
 		b.mu.Unlock()
 		return
 	}
-	delete(h.regs, id)
+	h.regs = slices.Delete(h.regs, i, i+1)
 	orphan := len(h.regs) == 0 && b.holds[h.key] == h && !h.releasing
 	if orphan {
 		b.forgetLocked(h)
@@ -255,167 +277,21 @@ func (b *Backend) unregister(h *hold, id uint64) {
 func (b *Backend) loseHold(h *hold, cause error) {
 	b.mu.Lock()
 	b.forgetLocked(h)
-	fns := h.regs
-	h.regs = make(map[uint64]func(error))
+	regs := h.regs
+	h.regs = nil
 	b.mu.Unlock()
-	for _, fn := range fns {
-		fn(cause)
+	for _, r := range regs {
+		r.fn(cause)
 	}
 }
 
-// startLoopLocked starts the event loop if it is not running. b.mu must
-// be held.
-func (b *Backend) startLoopLocked() {
-	if b.looping || b.closed {
-		return
-	}
-	b.looping = true
-	b.wg.Add(1)
-	go b.loop()
-}
-
-func (b *Backend) kickLoop() {
-	select {
-	case b.kick <- struct{}{}:
-	default:
-	}
-}
-
-// forgetLocked drops h from the registry. b.mu must be held.
+// forgetLocked drops h from the registry and from its watch group.
+// b.mu must be held.
 func (b *Backend) forgetLocked(h *hold) {
 	if b.holds[h.key] == h {
 		delete(b.holds, h.key)
 	}
-}
-
-// watchDelay is how long a hold granted without a watch on its node goes
-// without one: the event loop then sets it. Most holds granted to a
-// waiter that was not second in line, or to an uncontended acquisition,
-// end sooner, and skipping their watch saves a round trip per
-// acquisition. A deletion within that time is still found by Release
-// (ErrNotHeld: the lease ends lost), Refresh, or the setting of the watch.
-const watchDelay = 100 * time.Millisecond
-
-// loop is the Backend's one event goroutine: it waits on the existence
-// watch of every held node at once (go-zookeeper gives each watch its own
-// channel) and turns what they report into losses, and sets the watches
-// of holds that have none after watchDelay. It runs from the first grant
-// until Close.
-func (b *Backend) loop() {
-	defer b.wg.Done()
-	timer := time.NewTimer(time.Hour)
-	defer timer.Stop()
-	cases := []reflect.SelectCase{
-		{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(b.ctx.Done())},
-		{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(b.kick)},
-		{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(timer.C)},
-	}
-	const fixed = 3
-	var hs, due []*hold
-	for {
-		cases, hs, due = cases[:fixed], hs[:0], due[:0]
-		now := time.Now()
-		var next time.Time
-		b.mu.Lock()
-		for _, h := range b.holds {
-			switch {
-			case h.watch != nil:
-				// Go allows at most 65,536 select cases: with more held locks,
-				// each round serves a random subset (map order); a watch not
-				// served yet keeps its event, and the next Refresh finds a loss
-				// at the latest.
-				if len(hs) < maxSelectWatches {
-					cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(h.watch)})
-					hs = append(hs, h)
-				}
-			case h.armAt.IsZero() || h.arming:
-			case !now.Before(h.armAt):
-				h.arming = true
-				due = append(due, h)
-			case next.IsZero() || h.armAt.Before(next):
-				next = h.armAt
-			}
-		}
-		b.armPending = !next.IsZero()
-		b.mu.Unlock()
-		if len(due) > 0 {
-			b.arm(slices.Clone(due))
-		}
-		if next.IsZero() {
-			timer.Reset(time.Hour)
-		} else {
-			timer.Reset(next.Sub(now))
-		}
-		i, v, ok := reflect.Select(cases)
-		switch i {
-		case 0:
-			return
-		case 1, 2:
-			continue
-		}
-		var ev zk.Event
-		if ok {
-			ev = v.Interface().(zk.Event)
-		}
-		b.watchFired(hs[i-fixed], ev)
-	}
-}
-
-// arm sets the watches of hs on a goroutine of its own (the loop must not
-// wait for the server). A hold whose node turns out to be gone is lost; on
-// an error the next Refresh sets the watch.
-func (b *Backend) arm(hs []*hold) {
-	b.wg.Add(1) // the loop runs, so Close has not passed wg.Wait
-	go func() {
-		defer b.wg.Done()
-		for _, h := range hs {
-			ctx, cancel := context.WithTimeout(b.ctx, max(abandonTimeout, b.SessionTimeout()))
-			res, err := await(ctx, func() (statResult, error) {
-				ok, st, ch, err := b.conn.ExistsW(h.path)
-				return statResult{exists: ok, stat: st, watch: ch}, err
-			})
-			cancel()
-			b.mu.Lock()
-			h.arming, h.armAt = false, time.Time{}
-			b.mu.Unlock()
-			switch {
-			case err != nil:
-			case !res.exists || res.stat.EphemeralOwner != h.session:
-				b.mu.Lock()
-				current := b.holds[h.key] == h && !h.releasing
-				b.mu.Unlock()
-				if current {
-					b.loseHold(h, h.goneErr())
-				}
-			default:
-				b.setWatch(h, res.watch)
-			}
-		}
-	}()
-}
-
-// watchFired handles the event of h's watch (which fires once).
-func (b *Backend) watchFired(h *hold, ev zk.Event) {
-	b.mu.Lock()
-	h.watch = nil
-	current := b.holds[h.key] == h && !h.releasing && !b.closed
-	b.mu.Unlock()
-	if !current {
-		return
-	}
-	switch {
-	case ev.Type == zk.EventNodeDeleted:
-		b.loseHold(h, fmt.Errorf("zklock: lock node %s was deleted: %w", h.path, dlock.ErrNotHeld))
-	case ev.Type == zk.EventNotWatching && errors.Is(ev.Err, zk.ErrSessionExpired):
-		b.loseHold(h, fmt.Errorf("zklock: lock node %s is gone: %w: %w", h.path, dlock.ErrNotHeld, zk.ErrSessionExpired))
-	case ev.Type == zk.EventNotWatching:
-		// Watches are dropped only when the connection is closed for good
-		// (or the session expired, above): the session has ended.
-		b.loseHold(h, fmt.Errorf("zklock: lock node %s is gone, connection closed (%v): %w", h.path, ev.Err, dlock.ErrNotHeld))
-	default:
-		// Someone wrote to the node: no loss. The next Refresh watches it
-		// again.
-	}
+	b.detachLocked(h)
 }
 
 // reap deletes the lock node at path in the background, retrying until
@@ -507,6 +383,3 @@ func (b *Backend) background(session int64, attempt func(ctx context.Context) (d
 		}
 	}()
 }
-
-// maxSelectWatches bounds the watch cases of one reflect.Select.
-const maxSelectWatches = 60000

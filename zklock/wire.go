@@ -5,6 +5,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -22,6 +23,14 @@ import (
 // Every frame is prefixed with its int32 length. A Backend from New (or a
 // create whose reply was not seen) gets the czxid another way: see
 // createOnce.
+//
+// It also bounds the session handshake, which go-zookeeper gives
+// 10 × 2/3 of the session timeout: a server whose port accepts connections
+// but which does not answer (a ZooKeeper restarting under load) would keep
+// the client from trying again, and from learning that its session
+// expired, for 6.7 session timeouts — the lock then looks held, or its
+// waiters blind, long after the server serves again. Like the Java
+// client, the handshake gets 2/3 of the session timeout (handshakeBound).
 
 const (
 	opCreate      = 1
@@ -40,12 +49,20 @@ type sniffConn struct {
 	outAny bool // the ConnectRequest has been written
 	inAny  bool // the ConnectResponse has been read
 
+	handshake time.Duration // bound of the handshake's deadlines; 0: none
+	shook     atomic.Bool   // the ConnectResponse has been read
+
 	mu      sync.Mutex
 	creates map[int32]string // xid → path prefix of our creates awaiting their reply
 }
 
-func newSniffConn(c net.Conn, b *Backend) *sniffConn {
-	s := &sniffConn{Conn: c, b: b, creates: make(map[int32]string)}
+// handshakeBound is the bound of the session handshake of a connection
+// requesting sessionTimeout: 2/3 of it, as go-zookeeper and the Java
+// client allow for any other answer.
+func handshakeBound(sessionTimeout time.Duration) time.Duration { return sessionTimeout * 2 / 3 }
+
+func newSniffConn(c net.Conn, b *Backend, handshake time.Duration) *sniffConn {
+	s := &sniffConn{Conn: c, b: b, handshake: handshake, creates: make(map[int32]string)}
 	s.out = frames{max: maxCreateHead, fn: s.request}
 	s.in = frames{max: replyHead, fn: s.reply}
 	return s
@@ -60,6 +77,28 @@ func (c *sniffConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
 	c.in.feed(p[:n])
 	return n, err
+}
+
+// SetReadDeadline bounds deadlines set before the handshake is done.
+func (c *sniffConn) SetReadDeadline(t time.Time) error {
+	return c.Conn.SetReadDeadline(c.bound(t))
+}
+
+// SetWriteDeadline bounds deadlines set before the handshake is done.
+func (c *sniffConn) SetWriteDeadline(t time.Time) error {
+	return c.Conn.SetWriteDeadline(c.bound(t))
+}
+
+// bound returns t, or now + c.handshake when that is earlier and the
+// ConnectResponse has not been read. A zero t (no deadline) is kept.
+func (c *sniffConn) bound(t time.Time) time.Time {
+	if t.IsZero() || c.handshake <= 0 || c.shook.Load() {
+		return t
+	}
+	if lim := time.Now().Add(c.handshake); t.After(lim) {
+		return lim
+	}
+	return t
 }
 
 // request notes the xid of each create of a lock node.
@@ -89,6 +128,7 @@ func (c *sniffConn) request(head []byte) {
 func (c *sniffConn) reply(head []byte) {
 	if !c.inAny {
 		c.inAny = true
+		c.shook.Store(true)
 		if len(head) >= connectHead {
 			timeout := int32(binary.BigEndian.Uint32(head[4:8]))
 			session := binary.BigEndian.Uint64(head[8:16])

@@ -30,18 +30,19 @@ type Backend struct {
 	plainCreate atomic.Bool  // creates are plain, not multi-ops (see createOnce)
 	czxids      zxidTable    // Connect: czxids of lock node creates, read off the wire
 
-	ctx    context.Context // cancelled by Close; bounds background work
-	cancel context.CancelFunc
-	kick   chan struct{} // wakes the event loop: the set of watches changed
+	ctx     context.Context // cancelled by Close; bounds background work
+	cancel  context.CancelFunc
+	armKick chan struct{} // wakes the armer: a hold to watch was queued
 
-	mu         sync.Mutex
-	closed     bool
-	holds      map[holdKey]*hold
-	regID      uint64
-	armPending bool // the event loop's timer is set for a hold to watch
-	looping    bool
-	rootOK     bool
-	wg         sync.WaitGroup // the event loop and reapers
+	mu     sync.Mutex
+	closed bool
+	holds  map[holdKey]*hold
+	regID  uint64
+	roomy  []*watchGroup // watch groups with room for another hold
+	toArm  []*hold       // holds for the armer to watch, in armAt order
+	arming bool          // the armer runs
+	rootOK bool
+	wg     sync.WaitGroup // watch groups, the armer and reapers
 }
 
 var errClosed = fmt.Errorf("zklock: %w", dlock.ErrClosed)
@@ -108,7 +109,7 @@ func Connect(servers []string, sessionTimeout time.Duration, opts ...Option) (*z
 		if err != nil {
 			return nil, err
 		}
-		return newSniffConn(c, b), nil
+		return newSniffConn(c, b, handshakeBound(sessionTimeout)), nil
 	})
 	var logger func(*zk.Conn) = func(*zk.Conn) {}
 	if cfg.logger != nil {
@@ -128,12 +129,12 @@ func Connect(servers []string, sessionTimeout time.Duration, opts ...Option) (*z
 func newBackend(conn *zk.Conn, cfg config) *Backend {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Backend{
-		conn:   conn,
-		cfg:    cfg,
-		ctx:    ctx,
-		cancel: cancel,
-		kick:   make(chan struct{}, 1),
-		holds:  make(map[holdKey]*hold),
+		conn:    conn,
+		cfg:     cfg,
+		ctx:     ctx,
+		cancel:  cancel,
+		armKick: make(chan struct{}, 1),
+		holds:   make(map[holdKey]*hold),
 	}
 }
 
@@ -198,7 +199,7 @@ func (b *Backend) checkTTL(ctx context.Context, ttl time.Duration) error {
 	return nil
 }
 
-// Close stops the Backend's event loop and background clean-up. Locks it
+// Close stops the Backend's watch goroutines and background clean-up. Locks it
 // still holds (the dlock Client releases its leases before closing its
 // backend) are reported lost to NotifyLoss callbacks. With Connect, Close
 // then closes the connection, which ends the session and so deletes those
