@@ -364,9 +364,6 @@ func allScenarios() []*scenario {
 				if !s.renews {
 					return "no auto-renewal in the library"
 				}
-				if s.server == srvRedis5 {
-					return "not measured on five nodes"
-				}
 				if strings.HasSuffix(s.id, "-fifo") {
 					return "same as without FIFO here: nothing waits"
 				}
