@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/fencedfloor"
 	"github.com/dlock-go/dlock/redislock"
 )
 
@@ -40,20 +41,29 @@ type floorLocker struct {
 func (f *floorLocker) lock(ctx context.Context, key string) (held, error) {
 	key = "floor:" + key
 	token := rand.Text()
-	var t *time.Timer
-	for {
+	return poll(ctx, f.poll, func() (held, error) {
 		ok, err := f.rdb.SetNX(ctx, key, token, f.ttl).Result()
-		if err != nil {
+		if err != nil || !ok {
 			return nil, err
 		}
-		if ok {
-			return &floorHeld{f: f, key: key, token: token}, nil
+		return &floorHeld{f: f, key: key, token: token}, nil
+	})
+}
+
+// poll runs try until it returns a held lock or an error, sleeping every
+// between tries, until ctx ends: the floors' fixed-interval polling.
+func poll(ctx context.Context, every time.Duration, try func() (held, error)) (held, error) {
+	var t *time.Timer
+	for {
+		h, err := try()
+		if err != nil || h != nil {
+			return h, err
 		}
 		if t == nil {
-			t = time.NewTimer(f.poll)
+			t = time.NewTimer(every)
 			defer t.Stop()
 		} else {
-			t.Reset(f.poll)
+			t.Reset(every)
 		}
 		select {
 		case <-ctx.Done():
@@ -82,32 +92,6 @@ func (h *floorHeld) lost() bool { return false }
 
 // ---- the fenced floor: the least a lock with redislock's fencing can do ----
 
-// fencedAcquire and fencedRelease are copied from redislock/bench_test.go
-// (BenchmarkFencedFloor; this module cannot import test files): the fence
-// max(counter+1, server TIME in µs) kept in a companion key, the lock a
-// hash {owner, fence} with a TTL. Five redis.calls to acquire (EXISTS,
-// TIME, SET ... GET, HSET, PEXPIRE), two to release (HMGET, DEL) — what
-// redislock's acquire.lua and release.lua make in the common case, without
-// their FIFO queue, reentrancy, claim and wrong-type handling.
-var (
-	fencedAcquire = redis.NewScript(`
-if redis.call('EXISTS', KEYS[1]) == 1 then return {0, redis.call('PTTL', KEYS[1])} end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local last = tonumber(redis.call('SET', KEYS[2], string.format('%.0f', now), 'GET'))
-if last and last >= now then
-  now = last + 1
-  redis.call('SET', KEYS[2], string.format('%.0f', now))
-end
-redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'fence', string.format('%.0f', now))
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return {1, now}`)
-	fencedRelease = redis.NewScript(`
-local h = redis.call('HMGET', KEYS[1], 'owner', 'fence')
-if h[1] == ARGV[1] and h[2] == ARGV[2] then return redis.call('DEL', KEYS[1]) end
-return 0`)
-)
-
 func fencedFloorSubject() *subject {
 	return &subject{
 		id:       "fenced-floor",
@@ -121,9 +105,10 @@ func fencedFloorSubject() *subject {
 	}
 }
 
-// fencedLocker is the least a Redis lock with fencing tokens can do: one
-// EVALSHA of fencedAcquire per attempt, a fixed sleep between attempts,
-// one EVALSHA of fencedRelease to release. No renewal.
+// fencedLocker is the least a Redis lock with fencing tokens can do
+// (package internal/fencedfloor, shared with redislock's benchmarks): one
+// EVALSHA of fencedfloor.Acquire per attempt, a fixed sleep between
+// attempts, one EVALSHA of fencedfloor.Release to release. No renewal.
 type fencedLocker struct {
 	rdb       *redis.Client
 	ttl, poll time.Duration
@@ -133,31 +118,20 @@ func (f *fencedLocker) lock(ctx context.Context, key string) (held, error) {
 	lk := "ffloor:{" + key + "}"
 	keys := []string{lk, lk + ":fence"}
 	token := rand.Text()
-	var t *time.Timer
-	for {
-		v, err := fencedAcquire.Run(ctx, f.rdb, keys, token, f.ttl.Milliseconds()).Slice()
+	return poll(ctx, f.poll, func() (held, error) {
+		v, err := fencedfloor.Acquire.Run(ctx, f.rdb, keys, token, f.ttl.Milliseconds()).Slice()
 		if err != nil {
 			return nil, err
 		}
 		if len(v) != 2 {
 			return nil, fmt.Errorf("fenced floor: acquire returned %v", v)
 		}
-		if v[0] == int64(1) {
-			fence, _ := v[1].(int64)
-			return &fencedHeld{f: f, keys: keys, token: token, fence: fence}, nil
+		if v[0] != int64(1) {
+			return nil, nil
 		}
-		if t == nil {
-			t = time.NewTimer(f.poll)
-			defer t.Stop()
-		} else {
-			t.Reset(f.poll)
-		}
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-t.C:
-		}
-	}
+		fence, _ := v[1].(int64)
+		return &fencedHeld{f: f, keys: keys, token: token, fence: fence}, nil
+	})
 }
 
 func (f *fencedLocker) close() error { return f.rdb.Close() }
@@ -170,7 +144,7 @@ type fencedHeld struct {
 }
 
 func (h *fencedHeld) unlock(ctx context.Context) error {
-	n, err := fencedRelease.Run(ctx, h.f.rdb, h.keys, h.token, h.fence).Int()
+	n, err := fencedfloor.Release.Run(ctx, h.f.rdb, h.keys, h.token, h.fence).Int()
 	if err == nil && n != 1 {
 		return errors.New("fenced floor: lock not held")
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/fencedfloor"
 	"github.com/dlock-go/dlock/redislock"
 )
 
@@ -109,34 +110,8 @@ func BenchmarkRawSetNXRelease(b *testing.B) {
 	}
 }
 
-// fencedAcquire and fencedRelease are the least a Redis lock with
-// redislock's fencing tokens can run: the fence max(counter+1, server TIME
-// in µs) kept in a companion key, the lock a hash {owner, fence} with a
-// TTL. Five redis.calls to acquire (EXISTS, TIME, SET ... GET, HSET,
-// PEXPIRE), two to release (HMGET, DEL) — as acquire.lua and release.lua
-// make in the common case, without their FIFO queue, reentrancy, claim and
-// wrong-type handling.
-var (
-	fencedAcquire = redis.NewScript(`
-if redis.call('EXISTS', KEYS[1]) == 1 then return {0, redis.call('PTTL', KEYS[1])} end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local last = tonumber(redis.call('SET', KEYS[2], string.format('%.0f', now), 'GET'))
-if last and last >= now then
-  now = last + 1
-  redis.call('SET', KEYS[2], string.format('%.0f', now))
-end
-redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'fence', string.format('%.0f', now))
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return {1, now}`)
-	fencedRelease = redis.NewScript(`
-local h = redis.call('HMGET', KEYS[1], 'owner', 'fence')
-if h[1] == ARGV[1] and h[2] == ARGV[2] then return redis.call('DEL', KEYS[1]) end
-return 0`)
-)
-
-// BenchmarkFencedFloor is a second baseline: fencedAcquire and
-// fencedRelease with a fresh random token per acquisition, two round
+// BenchmarkFencedFloor is a second baseline: package fencedfloor's
+// Acquire and Release scripts with a fresh random token per acquisition, two round
 // trips. Its gap to BenchmarkRawSetNXRelease is the price of the fencing
 // token (server TIME and the counter) and of scripted acquisition; the gap
 // from it to BenchmarkAcquireRelease is what this package adds.
@@ -148,12 +123,12 @@ func BenchmarkFencedFloor(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		token := rand.Text()
-		v, err := fencedAcquire.Run(ctx, rdb, keys, token, 30000).Slice()
+		v, err := fencedfloor.Acquire.Run(ctx, rdb, keys, token, 30000).Slice()
 		if err != nil || len(v) != 2 || v[0] != int64(1) {
 			b.Fatalf("acquire: %v, %v", v, err)
 		}
 		fence, _ := v[1].(int64)
-		n, err := fencedRelease.Run(ctx, rdb, keys, token, fence).Int()
+		n, err := fencedfloor.Release.Run(ctx, rdb, keys, token, fence).Int()
 		if err != nil || n != 1 {
 			b.Fatalf("release: %d, %v", n, err)
 		}
@@ -201,11 +176,11 @@ func BenchmarkInterleaved(b *testing.B) {
 		},
 		func() {
 			token := rand.Text()
-			v, err := fencedAcquire.Run(ctx, rdb, fencedKeys, token, 30000).Slice()
+			v, err := fencedfloor.Acquire.Run(ctx, rdb, fencedKeys, token, 30000).Slice()
 			if err != nil || len(v) != 2 || v[0] != int64(1) {
 				b.Fatalf("acquire: %v, %v", v, err)
 			}
-			if n, err := fencedRelease.Run(ctx, rdb, fencedKeys, token, v[1]).Int(); err != nil || n != 1 {
+			if n, err := fencedfloor.Release.Run(ctx, rdb, fencedKeys, token, v[1]).Int(); err != nil || n != 1 {
 				b.Fatalf("release: %d, %v", n, err)
 			}
 		},
