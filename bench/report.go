@@ -74,7 +74,7 @@ func (r *report) markdown() string {
 	w("## Method\n\n")
 	w("- **Subjects.** *floor*: the least a Redis lock can do — `SET key token NX PX ttl` per attempt, a 2 ms sleep between attempts, ")
 	w("release with a Lua compare-and-delete (EVALSHA), no renewal. *fenced floor*: the least a Redis lock with redislock's fencing ")
-	w("tokens can do, the scripts of `redislock/bench_test.go`'s `BenchmarkFencedFloor` — acquire is one EVALSHA of five ")
+	w("tokens can do, the scripts of package `internal/fencedfloor` (also redislock's `BenchmarkFencedFloor`) — acquire is one EVALSHA of five ")
 	w("`redis.call`s (EXISTS, TIME, SET … GET on a fence counter, HSET owner and fence, PEXPIRE), release one EVALSHA of two ")
 	w("(HMGET, DEL); 2 ms between attempts, no renewal. *× floor* is always against the raw floor. ")
 	w("*dlock*: this repository's backends through `dlock.Client` with ")
