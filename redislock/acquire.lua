@@ -53,14 +53,7 @@ if pttl ~= -2 then
   -- The token holds the lock already. Handed over to it by a release and
   -- not claimed yet: this claims it. Reentrant: one more hold. Otherwise
   -- this repeats an attempt whose reply was lost: grant it again.
-  local n = tonumber(h[2]) or 1
-  if h[5] then
-    redis.call('HDEL', lock, 'claim')
-  elseif ARGV[3] == '1' then
-    n = redis.call('HINCRBY', lock, 'count', 1)
-  end
-  redis.call('PEXPIRE', lock, ttl)
-  return {1, tonumber(h[3]) or 0, n}
+  return rehold(lock, ttl, ARGV[3], h[2], h[3], h[5])
 end
 
 -- Free, with FIFO waiters queued (the lock expired under them, or a

@@ -77,24 +77,15 @@ for i = 1, n do
   local lock, counter = KEYS[4 * i - 3], KEYS[4 * i - 2]
   local ttl = ARGV[3 * i + 1]
   local h = mine[i]
+  local granted
   if h then
-    -- Held by this token already: claim, re-enter or grant again, as in
-    -- acquire.lua.
-    local c = tonumber(h[2]) or 1
-    if h[5] then
-      redis.call('HDEL', lock, 'claim')
-    elseif ARGV[3 * i + 2] == '1' then
-      c = redis.call('HINCRBY', lock, 'count', 1)
-    end
-    redis.call('PEXPIRE', lock, ttl)
-    out[2 * i] = tonumber(h[3]) or 0
-    out[2 * i + 1] = c
+    -- Held by this token already: claim, re-enter or grant again.
+    granted = rehold(lock, ttl, ARGV[3 * i + 2], h[2], h[3], h[5])
   else
-    local fence = new_fence(counter, now_us)
-    redis.call('HSET', lock, 'owner', ARGV[3 * i], 'count', 1, 'fence', fmt(fence))
-    redis.call('PEXPIRE', lock, ttl)
-    out[2 * i] = fence
-    out[2 * i + 1] = 1
+    -- The counters' types were checked above: take cannot fail here.
+    granted = take(lock, counter, ARGV[3 * i], ttl, now_us)
   end
+  out[2 * i] = granted[2]
+  out[2 * i + 1] = granted[3]
 end
 return out

@@ -67,3 +67,18 @@ local function take(lock, counter, token, ttl, now_us)
   redis.call('PEXPIRE', lock, ttl)
   return {1, fence, 1}
 end
+
+-- rehold renews a lock its token holds already, given the lock's count,
+-- fence and claim fields: a hand-off not claimed yet is claimed, a
+-- reentrant request ("1") adds a hold, any other repeats a grant whose
+-- reply was lost. The lock gets TTL ttl ms. Returns {1, fence, count}.
+local function rehold(lock, ttl, reentrant, count, fence, claim)
+  local n = tonumber(count) or 1
+  if claim then
+    redis.call('HDEL', lock, 'claim')
+  elseif reentrant == '1' then
+    n = redis.call('HINCRBY', lock, 'count', 1)
+  end
+  redis.call('PEXPIRE', lock, ttl)
+  return {1, tonumber(fence) or 0, n}
+end

@@ -44,16 +44,10 @@ if pttl ~= -2 then
     -- Handed over to this waiter: claim it (the lease TTL replaces the
     -- claim TTL). Or the token holds it already: a reentrant owner enters
     -- once more; otherwise this repeats a step whose reply was lost.
-    local n = tonumber(h[2]) or 1
-    if h[4] then
-      redis.call('HDEL', lock, 'claim')
-    elseif ARGV[3] == '1' then
-      n = redis.call('HINCRBY', lock, 'count', 1)
-    end
-    redis.call('PEXPIRE', lock, ttl)
+    local granted = rehold(lock, ttl, ARGV[3], h[2], h[3], h[4])
     redis.call('ZREM', q, member)
     redis.call('ZREM', hb, member)
-    return {1, tonumber(h[3]) or 0, n}
+    return granted
   end
 end
 
