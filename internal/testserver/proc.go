@@ -284,7 +284,16 @@ func (p *proc) kill() error {
 }
 
 // pause and resume send SIGSTOP / SIGCONT to the process group.
-func (p *proc) pause() error  { return p.signalChecked(sigStop, "pause") }
+// pause stops the process group with SIGSTOP and returns once the
+// server's threads are stopped (at most a second later).
+func (p *proc) pause() error {
+	if err := p.signalChecked(sigStop, "pause"); err != nil {
+		return err
+	}
+	waitStopped(p.pid, time.Second)
+	return nil
+}
+
 func (p *proc) resume() error { return p.signalChecked(sigCont, "resume") }
 
 func (p *proc) signalChecked(sig sysSignal, what string) error {

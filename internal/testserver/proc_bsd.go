@@ -2,7 +2,10 @@
 
 package testserver
 
-import "syscall"
+import (
+	"syscall"
+	"time"
+)
 
 // sysProcAttr puts the child in its own process group. There is no Pdeathsig
 // outside Linux: a child outlives a parent that dies without stopping it.
@@ -12,3 +15,6 @@ func sysProcAttr() *syscall.SysProcAttr {
 
 // holdsListener cannot tell without /proc: it reports true (no guard).
 func holdsListener(pid, port int) (bool, error) { return true, nil }
+
+// waitStopped cannot tell without /proc: it returns at once.
+func waitStopped(pid int, timeout time.Duration) {}

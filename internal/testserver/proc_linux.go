@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // sysProcAttr puts the child in its own process group and has the kernel
@@ -59,4 +60,44 @@ func holdsListener(pid, port int) (bool, error) {
 		}
 	}
 	return false, nil
+}
+
+// waitStopped waits until every thread of process pid is stopped (state T
+// in /proc/PID/task/TID/stat), so that a paused server answers nothing once
+// Pause returns: SIGSTOP only marks the threads, and on a loaded machine a
+// thread may take a while to be scheduled and stop. It gives up silently
+// after timeout, or when /proc cannot be read.
+func waitStopped(pid int, timeout time.Duration) {
+	deadline := time.Now().Add(timeout)
+	for {
+		if allStopped(pid) || time.Now().After(deadline) {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// allStopped reports whether every thread of pid is stopped; true when
+// /proc cannot tell.
+func allStopped(pid int) bool {
+	dir := fmt.Sprintf("/proc/%d/task", pid)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return true
+	}
+	for _, e := range ents {
+		b, err := os.ReadFile(dir + "/" + e.Name() + "/stat")
+		if err != nil {
+			continue // the thread exited
+		}
+		// pid (comm) state ...: comm may hold spaces and parentheses.
+		i := strings.LastIndexByte(string(b), ')')
+		if i < 0 || i+2 >= len(b) {
+			return true
+		}
+		if s := b[i+2]; s != 'T' && s != 't' {
+			return false
+		}
+	}
+	return true
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"syscall"
+	"time"
 )
 
 type sysSignal int
@@ -33,3 +34,6 @@ func (p *proc) signalGroup(sig sysSignal) error {
 
 // holdsListener cannot tell without /proc: it reports true (no guard).
 func holdsListener(pid, port int) (bool, error) { return true, nil }
+
+// waitStopped has nothing to wait for: pause is not supported.
+func waitStopped(pid int, timeout time.Duration) {}
