@@ -59,11 +59,21 @@ type Grant struct {
 	HolderTTL time.Duration // when !OK: the current holder's remaining lifetime, 0 if unknown
 
 	// Since, when set, is a time no later than the invoke of the server
-	// operation that last set the lock's lifetime to the request's TTL
-	// (the grant at the end of a queue wait, a keep-alive). The Client
+	// operation that last set the lock's lifetime to the request's TTL, or
+	// to TTL below (the grant at the end of a queue wait, a keep-alive, a
+	// hand-off). The Client
 	// computes Expires from it instead of from the start of the call,
 	// which matters after a long Waiter.Wait. Zero: the call's start.
 	Since time.Time
+
+	// TTL, when set and shorter than the request's TTL, is the lifetime
+	// the lock has from Since so far: a lock a release handed over to a
+	// queue waiter, reserved for it for a short time, that the waiter has
+	// not yet confirmed with a request of its own. The Client computes
+	// Expires from it and confirms the lease with a Refresh (r.TTL): with
+	// auto-renew by its first renewal, due TTL/3 after Since; without, at
+	// once, before Acquire returns. Zero: the request's TTL.
+	TTL time.Duration
 }
 
 // BatchRefresher is an optional Backend capability: refresh many locks in

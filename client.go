@@ -328,10 +328,16 @@ func (c *Client) acquireQueued(ctx context.Context, req Request, cfg config) (l 
 	observe(ctx, cfg.observers, Event{Kind: EventAttempt, Key: req.Key, Attempt: 1, Granted: err == nil && g.OK, Err: err})
 	switch {
 	case err == nil && g.OK:
-		switch {
-		case !g.Since.IsZero():
+		if !g.Since.IsZero() {
 			invoke = g.Since
-		case time.Since(invoke) > req.TTL/3:
+		}
+		switch {
+		case g.TTL > 0 && g.TTL < req.TTL && !cfg.autoRenew,
+			g.Since.IsZero() && time.Since(invoke) > req.TTL/3:
+			// A lock handed over but not confirmed yet, and no watchdog
+			// renewal to confirm it. Or a long queue wait and no word from
+			// the backend on when the lock's lifetime started. Either way,
+			// renew it now to know.
 			// A long queue wait and no word from the backend on when the
 			// lock's lifetime started: renew it now to know.
 			r := req
@@ -344,6 +350,7 @@ func (c *Client) acquireQueued(ctx context.Context, req Request, cfg config) (l 
 				return nil, wrapOp("acquire", req.Key, rerr), false
 			}
 			cancel()
+			g.TTL = 0
 		}
 		l, err := c.grant(ctx, req, g, invoke, cfg)
 		return l, err, false
@@ -359,13 +366,18 @@ func (c *Client) acquireQueued(ctx context.Context, req Request, cfg config) (l 
 // grant turns a successful attempt into a tracked Lease.
 func (c *Client) grant(ctx context.Context, req Request, g Grant, invoke time.Time, cfg config) (*Lease, error) {
 	req.Fence = g.Fence
+	valid := req.TTL // the lock's lifetime from invoke
+	if g.TTL > 0 && g.TTL < req.TTL {
+		valid = g.TTL
+	}
 	l := &Lease{
 		c:              c,
 		req:            req,
 		count:          max(g.Count, 1),
 		created:        invoke,
 		ttl:            req.TTL,
-		expires:        invoke.Add(req.TTL - drift(req.TTL)),
+		valid:          valid,
+		expires:        invoke.Add(valid - drift(valid)),
 		done:           make(chan struct{}),
 		autoRenew:      cfg.autoRenew,
 		onLost:         cfg.onLost,

@@ -27,7 +27,7 @@ import (
 // track registers a new lease with the watchdog. c.mu must be held.
 func (c *Client) track(l *Lease) {
 	if l.autoRenew {
-		l.next = l.created.Add(l.ttl / 3)
+		l.next = l.created.Add(l.valid / 3)
 		heap.Push(&c.renew, l)
 	} else {
 		l.expAt = l.expires

@@ -130,15 +130,19 @@
 // order on the server, and the release of a lock hands it over, inside
 // release.lua, to the first live waiter (new fence, reserved for it for
 // the waiter TTL), and PUBLISHes on that waiter's Backend's wake channel
-// only: one release wakes one waiter, which claims the lock (lease TTL) in
-// one request. Waiters heartbeat every waiter TTL/4 (server time, TIME in
+// only: one release wakes one waiter, which holds the lock from that
+// message on (it carries the fence) and confirms it with its lease's first
+// renewal, a third of the waiter TTL later (without auto-renew: before
+// Acquire returns); until then the lease's Expires is the reservation's
+// end. Waiters heartbeat every waiter TTL/4 (server time, TIME in
 // the script); a release skips waiters whose heartbeat is older than the
 // waiter TTL, and a lock handed to a waiter that died is free again after
 // the waiter TTL, so a dead waiter delays the others by at most the waiter
 // TTL plus a quarter of it (DefaultWaiterTTL 400ms: 500ms). A waiter whose
 // context ends leaves the queue at once, passing on a lock it was just
-// handed. A contended FIFO acquisition costs three requests (join, claim,
-// release) plus a heartbeat per 100ms of waiting; see Backend.Wait and
+// handed. A contended FIFO acquisition costs two requests (join, release)
+// plus a heartbeat per 100ms of waiting and the confirming renewal when the
+// lock is held longer than a third of the waiter TTL; see Backend.Wait and
 // BenchmarkContention.
 //
 // In a Cluster the channels are ordinary ones (PUBLISH reaches every node),

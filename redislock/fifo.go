@@ -22,11 +22,20 @@ import (
 // waiter, with a new fence, reserved for it for the waiter TTL (field
 // claim), and PUBLISHes the news on that waiter's Backend's wake channel,
 // where the Backend's shared subscription routes it to this waiter alone.
-// The waiter's next step claims the lock (the lease TTL replaces the claim
-// TTL) and Wait returns the grant, with Grant.Since set to the invoke time
-// of that step: three requests per contended acquisition in all (join,
-// claim, release). A reentrant owner that holds the lock already re-enters
-// at once.
+// The message carries the new fence, the claim TTL and the waiter's
+// heartbeat deadline that the release read, which names the waiter's last
+// step: the hand-off came after it, so the lock is reserved for the waiter
+// for at least the claim TTL from that step's invoke. Wait returns the
+// grant at once, with no request: Grant.Since is that invoke and Grant.TTL
+// the claim TTL, and the lease's first renewal (a third of the claim TTL
+// later, or at once without auto-renew; refresh.lua claims the lock) gives
+// it the lease TTL. Two requests per contended acquisition in all (join,
+// release) when the critical section is short. Wait claims the lock with a
+// step instead (the lease TTL replaces the claim TTL, Grant.Since is the
+// step's invoke) for a reentrant request (its hold count must be exact),
+// with WithReplicas (the claim is what WAIT confirms), and when the message
+// came too late (half the claim TTL or the lease TTL, whichever is
+// shorter, after that step) or names an older step. A reentrant owner that holds the lock already re-enters at once.
 //
 // Meanwhile the waiter's step doubles as its heartbeat, every
 // WithWaiterTTL/4 (100ms by default), and as the bound for a lost
@@ -97,6 +106,9 @@ func (b *Backend) Wait(ctx context.Context, r dlock.Request) (dlock.Grant, error
 			q.leave()
 			return dlock.Grant{}, fmt.Errorf("redislock: wait %q: %w", r.Key, ctx.Err())
 		case <-w.ch:
+			if g, ok := q.handed(b.hub.takeHandoff(w)); ok {
+				return g, nil
+			}
 		case <-timer.C:
 		}
 		if !timer.Stop() {
@@ -116,6 +128,23 @@ type queued struct {
 	member string // the queue member: Backend id + token
 	route  string // the wake message payload for this waiter
 	seq    string // the arrival number, "0" before the waiter is queued
+
+	// The last step that left the waiter queued: its invoke time and the
+	// heartbeat deadline it set (server ms), 0 before the first.
+	sent     time.Time
+	deadline int64
+}
+
+// handed returns the grant a hand-off message gives this waiter without a
+// claim request, if it may be used: see Wait.
+func (q *queued) handed(ho handoff) (dlock.Grant, bool) {
+	if !ho.ok || q.r.Reentrant || q.b.cfg.replicas > 0 || q.deadline == 0 || ho.deadline != q.deadline {
+		return dlock.Grant{}, false
+	}
+	if time.Since(q.sent) >= min(ho.claim, q.r.TTL)/2 {
+		return dlock.Grant{}, false
+	}
+	return dlock.Grant{OK: true, Fence: ho.fence, Count: 1, Since: q.sent, TTL: ho.claim}, true
 }
 
 // step runs queue.lua once. It returns the grant, or, while queued, how
@@ -130,7 +159,7 @@ func (q *queued) step(ctx context.Context) (dlock.Grant, time.Duration, error) {
 		return b.eval(ctx, queueScript, q.keys, args...)
 	}
 	late := func(v reply, err error) {
-		if g, _, _, perr := parseStep(v.v, err); perr == nil && g.OK {
+		if g, _, _, _, perr := parseStep(v.v, err); perr == nil && g.OK {
 			b.releaseGrant(r, g.Fence)
 		} else if err == nil {
 			q.leave()
@@ -141,7 +170,7 @@ func (q *queued) step(ctx context.Context) (dlock.Grant, time.Duration, error) {
 	if err != nil {
 		return dlock.Grant{}, 0, b.callErr("wait", r.Key, err)
 	}
-	g, next, seq, err := parseStep(v.v, nil)
+	g, next, seq, deadline, err := parseStep(v.v, nil)
 	if err != nil {
 		return dlock.Grant{}, 0, err
 	}
@@ -155,39 +184,41 @@ func (q *queued) step(ctx context.Context) (dlock.Grant, time.Duration, error) {
 		}
 		return g, 0, nil
 	}
-	q.seq = seq
+	q.seq, q.sent, q.deadline = seq, sent, deadline
 	return g, next, nil
 }
 
 // parseStep reads queue.lua's reply: a grant, or the time until the lock
-// may free itself (when first in line) and the arrival number.
-func parseStep(v any, err error) (dlock.Grant, time.Duration, string, error) {
+// may free itself (when first in line), the arrival number and the new
+// heartbeat deadline.
+func parseStep(v any, err error) (dlock.Grant, time.Duration, string, int64, error) {
 	if err != nil {
-		return dlock.Grant{}, 0, "", err
+		return dlock.Grant{}, 0, "", 0, err
 	}
 	a, ok := v.([]any)
 	if !ok || len(a) == 0 {
-		return dlock.Grant{}, 0, "", unexpected("wait", v)
+		return dlock.Grant{}, 0, "", 0, unexpected("wait", v)
 	}
 	if a[0] != int64(0) {
 		g, err := parseGrant(v, nil)
-		return g, 0, "", err
+		return g, 0, "", 0, err
 	}
-	if len(a) != 4 {
-		return dlock.Grant{}, 0, "", unexpected("wait", v)
+	if len(a) != 5 {
+		return dlock.Grant{}, 0, "", 0, unexpected("wait", v)
 	}
 	pttl, ok1 := a[1].(int64)
 	seq, ok2 := a[2].(int64)
 	head, ok3 := a[3].(int64)
-	if !ok1 || !ok2 || !ok3 || seq <= 0 {
-		return dlock.Grant{}, 0, "", unexpected("wait", v)
+	deadline, ok4 := a[4].(int64)
+	if !ok1 || !ok2 || !ok3 || !ok4 || seq <= 0 || deadline <= 0 {
+		return dlock.Grant{}, 0, "", 0, unexpected("wait", v)
 	}
 	var next time.Duration
 	if head == 1 && pttl >= 0 {
 		// Just past the expiry: PTTL rounds down.
 		next = time.Duration(pttl+1) * time.Millisecond
 	}
-	return dlock.Grant{}, next, strconv.FormatInt(seq, 10), nil
+	return dlock.Grant{}, next, strconv.FormatInt(seq, 10), deadline, nil
 }
 
 // leave takes the waiter out of the queue (and passes on a lock handed to

@@ -153,8 +153,10 @@ func TestFIFOOrder(t *testing.T) {
 	}
 }
 
-// TestFIFOFences checks that hand-offs issue increasing fences and that
-// the woken waiter owns the lock with the lease TTL once Acquire returns.
+// TestFIFOFences checks that hand-offs issue increasing fences, that the
+// woken waiter owns the lock once Acquire returns, with a lease that does
+// not outlive the server's reservation, and that its first renewal gives
+// the lock the lease TTL.
 func TestFIFOFences(t *testing.T) {
 	admin := newRDB(t, srv.Addr())
 	b := newBackend(t, admin)
@@ -180,10 +182,22 @@ func TestFIFOFences(t *testing.T) {
 		if l.Fence() <= last.Fence() {
 			t.Fatalf("hand-off %d: fence got %d, want > %d", i, l.Fence(), last.Fence())
 		}
+		t0 := time.Now()
 		info, err := b.Inspect(ctx, k)
-		if err != nil || info.Owner != l.Owner() || info.Fence != l.Fence() || info.TTL < 50*time.Second {
-			t.Fatalf("hand-off %d: lock on the server %+v, %v, want owner %q fence %d with the lease TTL 1m (claimed)", i, info, err, l.Owner(), l.Fence())
+		if err != nil || info.Owner != l.Owner() || info.Fence != l.Fence() {
+			t.Fatalf("hand-off %d: lock on the server %+v, %v, want owner %q fence %d", i, info, err, l.Owner(), l.Fence())
 		}
+		// The server's expiry is at least t0 + its PTTL (ms, rounded down).
+		if exp, limit := l.Expires(), t0.Add(info.TTL+time.Millisecond); exp.After(limit) {
+			t.Fatalf("hand-off %d: lease expires %v after the server's expiry (TTL %v)", i, exp.Sub(limit), info.TTL)
+		}
+		waitFor(t, 5*time.Second, "the lease TTL on the server (the first renewal)", func() bool {
+			info, err := b.Inspect(ctx, k)
+			return err == nil && info.Owner == l.Owner() && info.TTL > 50*time.Second
+		})
+		waitFor(t, 5*time.Second, "the lease's Expires a minute ahead", func() bool {
+			return time.Until(l.Expires()) > 50*time.Second
+		})
 		last = l
 	}
 	if err := last.Release(ctx); err != nil {
@@ -284,7 +298,9 @@ func (h *cancelHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 
 // TestFIFOCancelAfterHandOff: the lock is handed to a waiter whose
 // context ends before it claims it. The waiter passes it on to the next
-// one at once, not after the claim TTL (10s here).
+// one at once, not after the claim TTL (10s here). The waiter is
+// reentrant (WithOwner), so it claims the hand-off with a request, which
+// the hook fails while cancelling its context.
 func TestFIFOCancelAfterHandOff(t *testing.T) {
 	admin := newRDB(t, srv.Addr())
 	b := newBackend(t, admin)
@@ -301,7 +317,7 @@ func TestFIFOCancelAfterHandOff(t *testing.T) {
 	hook := &cancelHook{cancel: cancel}
 	rdbA := newRDB(t, srv.Addr())
 	rdbA.AddHook(hook)
-	first := startAcquire(dlockClient(t, rdbA, opt), cctx, k, dlock.WithFIFO())
+	first := startAcquire(dlockClient(t, rdbA, opt), cctx, k, dlock.WithFIFO(), dlock.WithOwner("first"))
 	waitFor(t, 5*time.Second, "the first waiter queued", func() bool { return queueLen(t, admin, b, k) == 1 })
 	second := startAcquire(dlockClient(t, newRDB(t, srv.Addr()), opt), ctx, k, dlock.WithFIFO())
 	waitFor(t, 5*time.Second, "the second waiter queued", func() bool { return queueLen(t, admin, b, k) == 2 })
@@ -585,17 +601,18 @@ func TestFIFOHeartbeatsOnly(t *testing.T) {
 	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	// Join + heartbeats + claim.
-	want := 2 + int(hold/(ttl/4))
-	t.Logf("requests of a FIFO waiter during a %v wait: %d (join, heartbeats every %v, claim)", hold, len(trips), ttl/4)
+	// Join + heartbeats; the hand-off message needs no claim request.
+	want := 1 + int(hold/(ttl/4))
+	t.Logf("requests of a FIFO waiter during a %v wait: %d (join, heartbeats every %v)", hold, len(trips), ttl/4)
 	if len(trips) > want+1 {
-		t.Fatalf("requests during a %v wait: got %d, want about %d (join, heartbeats, claim)", hold, len(trips), want)
+		t.Fatalf("requests during a %v wait: got %d, want about %d (join, heartbeats)", hold, len(trips), want)
 	}
 }
 
 // TestFIFOLongWait: a FIFO waiter with a short TTL waits much longer than
-// the TTL; the lease it gets still has its full validity (its lifetime
-// counts from the claim, Grant.Since), and the watchdog keeps it.
+// the TTL; the lease it gets still has most of its validity (its lifetime
+// counts from its last heartbeat before the hand-off, or from the claim:
+// Grant.Since), and the watchdog keeps it.
 func TestFIFOLongWait(t *testing.T) {
 	const ttl = 300 * time.Millisecond
 	holder := newClient(t, newRDB(t, srv.Addr()))
@@ -612,7 +629,7 @@ func TestFIFOLongWait(t *testing.T) {
 		t.Fatal(err)
 	}
 	l := w.lease(t, 5*time.Second, "waiter")
-	if left := time.Until(l.Expires()); left < ttl/2 {
+	if left := time.Until(l.Expires()); left < ttl/3 {
 		t.Fatalf("lease after a wait of 3 TTLs: expires in %v, want about the TTL %v", left, ttl)
 	}
 	select {
@@ -701,5 +718,115 @@ func TestFIFOCloseWhileWaiting(t *testing.T) {
 	}
 	if err := h.Release(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestFIFOHandOffWithoutClaim: a waiter handed the lock holds it from the
+// hand-off message on, with no request of its own. Its lease does not
+// outlive the server's reservation (the claim TTL); with auto-renew the
+// first renewal, a third of the claim TTL after the waiter's last step,
+// confirms it with the lease TTL; without auto-renew Acquire confirms it
+// with one request before it returns.
+func TestFIFOHandOffWithoutClaim(t *testing.T) {
+	admin := newRDB(t, srv.Addr())
+	b := newBackend(t, admin)
+	// Claim TTL 3s: heartbeats every 750ms, none between the join and the
+	// hand-off below.
+	opt := redislock.WithWaiterTTL(3 * time.Second)
+	for _, autoRenew := range []bool{true, false} {
+		t.Run(fmt.Sprintf("autoRenew=%v", autoRenew), func(t *testing.T) {
+			ctx := ctxT(t, 30*time.Second)
+			k := key(t)
+			holder := dlockClient(t, newRDB(t, srv.Addr()), opt)
+			h, err := holder.Acquire(ctx, k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			hook := &countHook{}
+			rdb := newRDB(t, srv.Addr())
+			rdb.AddHook(hook)
+			wb := redislock.New(rdb, opt)
+			c := dlock.New(wb, dlock.WithTTL(time.Minute), dlock.WithAutoRenew(autoRenew))
+			t.Cleanup(func() { c.Close() })
+			w := startAcquire(c, ctx, k, dlock.WithFIFO())
+			waitFor(t, 5*time.Second, "the waiter queued", func() bool { return queueLen(t, admin, b, k) == 1 })
+			before := hook.n.Load()
+			if err := h.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			l := w.lease(t, 5*time.Second, "waiter")
+			sent := hook.n.Load() - before
+			t0 := time.Now()
+			info, err := b.Inspect(ctx, k)
+			if err != nil || info.Owner != l.Owner() || info.Fence != l.Fence() {
+				t.Fatalf("lock on the server: got %+v, %v, want owner %q fence %d", info, err, l.Owner(), l.Fence())
+			}
+			if exp, limit := l.Expires(), t0.Add(info.TTL+time.Millisecond); exp.After(limit) {
+				t.Fatalf("lease expires %v after the server's expiry (TTL %v)", exp.Sub(limit), info.TTL)
+			}
+			if !autoRenew {
+				if sent != 1 || info.TTL < 50*time.Second {
+					t.Fatalf("without auto-renew: got %d requests from the hand-off to Acquire's return and a server TTL %v, want 1 (the confirming refresh) and the lease TTL 1m", sent, info.TTL)
+				}
+			} else {
+				if sent != 0 || info.TTL > 3*time.Second {
+					t.Fatalf("with auto-renew: got %d requests from the hand-off to Acquire's return and a server TTL %v, want 0 and the claim TTL 3s", sent, info.TTL)
+				}
+				if left := time.Until(l.Expires()); left < time.Second {
+					t.Fatalf("lease right after the hand-off expires in %v, want most of the claim TTL 3s", left)
+				}
+				waitFor(t, 5*time.Second, "the first renewal: the lease TTL on the server", func() bool {
+					info, err := b.Inspect(ctx, k)
+					return err == nil && info.Owner == l.Owner() && info.TTL > 50*time.Second
+				})
+				waitFor(t, 5*time.Second, "the lease's Expires a minute ahead", func() bool {
+					return time.Until(l.Expires()) > 50*time.Second
+				})
+			}
+			if err := l.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if info, err := b.Inspect(ctx, k); err != nil || info.Held {
+				t.Fatalf("lock after the release: got %+v, %v, want free", info, err)
+			}
+		})
+	}
+}
+
+// TestFIFOHandOffReleasedBeforeRenewal: a waiter handed the lock releases
+// it before any renewal (the lock still carries the claim field and the
+// claim TTL): the release frees it, or hands it to the next waiter, which
+// holds it in turn.
+func TestFIFOHandOffReleasedBeforeRenewal(t *testing.T) {
+	admin := newRDB(t, srv.Addr())
+	b := newBackend(t, admin)
+	ctx := ctxT(t, 30*time.Second)
+	k := key(t)
+	opt := redislock.WithWaiterTTL(3 * time.Second)
+	holder := dlockClient(t, newRDB(t, srv.Addr()), opt)
+	h, err := holder.Acquire(ctx, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := startAcquire(dlockClient(t, newRDB(t, srv.Addr()), opt), ctx, k, dlock.WithFIFO())
+	waitFor(t, 5*time.Second, "the first waiter queued", func() bool { return queueLen(t, admin, b, k) == 1 })
+	second := startAcquire(dlockClient(t, newRDB(t, srv.Addr()), opt), ctx, k, dlock.WithFIFO())
+	waitFor(t, 5*time.Second, "the second waiter queued", func() bool { return queueLen(t, admin, b, k) == 2 })
+	if err := h.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l1 := first.lease(t, 5*time.Second, "first waiter")
+	if err := l1.Release(ctx); err != nil {
+		t.Fatalf("release of a hand-off before its first renewal: %v", err)
+	}
+	l2 := second.lease(t, 5*time.Second, "second waiter")
+	if l2.Fence() <= l1.Fence() || l1.Fence() <= h.Fence() {
+		t.Fatalf("fences: holder %d, first %d, second %d, want increasing", h.Fence(), l1.Fence(), l2.Fence())
+	}
+	if err := l2.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if info, err := b.Inspect(ctx, k); err != nil || info.Held || info.Waiters != 0 {
+		t.Fatalf("lock after the last release: got %+v, %v, want free, no waiters", info, err)
 	}
 }

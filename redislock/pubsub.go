@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -38,9 +40,10 @@ import (
 // releases PUBLISH on when they hand the lock to one of this Backend's
 // waiters. It is subscribed by the first Wait and stays subscribed until
 // Close (a permanent waiter holds it), so a wait costs no SUBSCRIBE. Its
-// messages are routed by payload ("#lock:lock" + token) to the one waiter
-// they are for; when the channel is subscribed again after a reconnect,
-// every routed waiter is woken to check its state.
+// messages are routed by payload (after the hand-off's fence, deadline and
+// claim TTL: "#lock:lock" + token) to the one waiter they are for; when the
+// channel is subscribed again after a reconnect, every routed waiter is
+// woken to check its state.
 type hub struct {
 	b *Backend
 
@@ -73,6 +76,39 @@ type waiter struct {
 	ready     chan struct{} // closed when confirmed or failed
 	err       error         // set before ready is closed, on failure
 	confirmed bool          // ready is closed; guarded by hub.mu
+	handoff   handoff       // the last hand-off message (FIFO); guarded by hub.mu
+}
+
+// handoff is what a hand-off message tells the FIFO waiter it is for
+// (queue_lib.lua, hand_off): the lock's new fence, the waiter's heartbeat
+// deadline the release read (it names the waiter's step that the hand-off
+// followed) and the claim TTL the lock is reserved for. ok is false for
+// none.
+type handoff struct {
+	fence    uint64
+	deadline int64
+	claim    time.Duration
+	ok       bool
+}
+
+// parseWake splits a wake message payload "FENCE DEADLINE CLAIM ROUTE" into
+// the hand-off and the route. A payload of another form is all route.
+func parseWake(payload string) (handoff, string) {
+	var f [3]string
+	rest := payload
+	for i := range f {
+		var ok bool
+		if f[i], rest, ok = strings.Cut(rest, " "); !ok {
+			return handoff{}, payload
+		}
+	}
+	fence, err1 := strconv.ParseUint(f[0], 10, 64)
+	deadline, err2 := strconv.ParseInt(f[1], 10, 64)
+	claim, err3 := strconv.ParseInt(f[2], 10, 64)
+	if err1 != nil || err2 != nil || err3 != nil || fence == 0 || claim <= 0 {
+		return handoff{}, payload
+	}
+	return handoff{fence: fence, deadline: deadline, claim: time.Duration(claim) * time.Millisecond, ok: true}, rest
 }
 
 func (w *waiter) confirm(err error) {
@@ -373,7 +409,9 @@ func (h *hub) notify(name, payload string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if name == h.b.wake {
-		for w := range h.routes[payload] {
+		ho, route := parseWake(payload)
+		for w := range h.routes[route] {
+			w.handoff = ho
 			w.notify()
 		}
 		return
@@ -465,6 +503,15 @@ func (h *hub) route(route string) *waiter {
 	}
 	ws[w] = struct{}{}
 	return w
+}
+
+// takeHandoff returns and forgets the last hand-off message for w.
+func (h *hub) takeHandoff(w *waiter) handoff {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	ho := w.handoff
+	w.handoff = handoff{}
+	return ho
 }
 
 // unroute removes a FIFO waiter registered by route.

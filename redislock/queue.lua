@@ -16,10 +16,12 @@
 -- Returns {1, fence, count}        when the token holds the lock now (the
 --                                  lock has the lease TTL, the waiter left
 --                                  the queue),
---         {0, pttl, seq, head}     when the waiter is queued: pttl is the
+--         {0, pttl, seq, head, d}  when the waiter is queued: pttl is the
 --                                  lock's remaining TTL (-1: none), seq the
 --                                  waiter's arrival number, head 1 when it
---                                  is first in line,
+--                                  is first in line, d its new heartbeat
+--                                  deadline (server ms; a hand-off message
+--                                  names the step it follows by it),
 --         {-1, key, type}          when a key holds a value of another type
 --                                  (nothing changed).
 --#include fence.lua
@@ -70,7 +72,8 @@ else
   end
   redis.call('ZADD', q, fmt(seq), member)
 end
-redis.call('ZADD', hb, fmt(now_ms + wttl), member)
+local deadline = now_ms + wttl
+redis.call('ZADD', hb, fmt(deadline), member)
 if pttl ~= -2 and not flagged then
   -- Its release must look at the queue (see fence.lua).
   redis.call('HSET', lock, 'q', 1)
@@ -92,6 +95,6 @@ if pttl == -2 then
 end
 local first = redis.call('ZRANGE', q, 0, 0)[1]
 if first == member then
-  return {0, pttl, seq, 1}
+  return {0, pttl, seq, 1, deadline}
 end
-return {0, pttl, seq, 0}
+return {0, pttl, seq, 0, deadline}

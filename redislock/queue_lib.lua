@@ -22,8 +22,12 @@ end
 -- self (a member), the lock is granted to it outright (count 1, TTL ttl);
 -- otherwise it is reserved for it (owner = its token, field claim, TTL
 -- claim ms) and its Backend is told on wake .. id, with the payload
--- "#lock:lock .. token". Either way the lock gets the field q (others may
--- still wait behind it). The served waiter leaves the queue.
+-- "FENCE DEADLINE CLAIM #lock:lock .. token": the new fence, the waiter's
+-- heartbeat deadline (which names the waiter's last step: the hand-off
+-- came after it) and the claim TTL, so that the waiter can hold the lock
+-- at once, without a claim request (see fifo.go). Either way the lock gets
+-- the field q (others may still wait behind it). The served waiter leaves
+-- the queue.
 -- Returns the member served and its fence; nil when nobody waits; or nil,
 -- nil and a wrong-type reply (nothing changed).
 local function hand_off(lock, counter, q, hb, self, ttl, claim, wake, now_us, now_ms)
@@ -61,7 +65,8 @@ local function hand_off(lock, counter, q, hb, self, ttl, claim, wake, now_us, no
       else
         redis.call('HSET', lock, 'owner', token, 'count', 1, 'fence', fmt(fence), 'claim', 1, 'q', 1)
         redis.call('PEXPIRE', lock, claim)
-        redis.call('PUBLISH', wake .. string.sub(head, 1, IDLEN), #lock .. ':' .. lock .. token)
+        redis.call('PUBLISH', wake .. string.sub(head, 1, IDLEN),
+          fmt(fence) .. ' ' .. fmt(d) .. ' ' .. claim .. ' ' .. #lock .. ':' .. lock .. token)
       end
       return head, fence
     end
