@@ -338,8 +338,6 @@ func (c *Client) acquireQueued(ctx context.Context, req Request, cfg config) (l 
 			// renewal to confirm it. Or a long queue wait and no word from
 			// the backend on when the lock's lifetime started. Either way,
 			// renew it now to know.
-			// A long queue wait and no word from the backend on when the
-			// lock's lifetime started: renew it now to know.
 			r := req
 			r.Fence = g.Fence
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.releaseTimeout)
