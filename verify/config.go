@@ -153,6 +153,16 @@ type Config struct {
 	// or ModeBoth. Default ModeBoth.
 	ResourceMode string
 
+	// FIFO makes every worker acquire with dlock.WithFIFO(): waiters queue
+	// on the server and a release hands the lock to the next one. Only
+	// backends that offer the queue as an option change behaviour
+	// (redislock: the hand-off without a claim request; memlock in
+	// process); etcd and ZooKeeper always queue and run as without it. A
+	// backend without a server-side queue (redlock) cannot take it: Run
+	// returns an ErrInvalidConfig error from its first probe. The report
+	// marks the runs "(FIFO)". Default false.
+	FIFO bool
+
 	// Exe is the argv prefix that starts a worker process, e.g.
 	// {os.Args[0], "verify-worker"}; the coordinator appends the worker's
 	// arguments and sets WorkerEnv=1 in its environment. That process must

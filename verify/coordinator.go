@@ -64,10 +64,14 @@ func Run(ctx context.Context, cfg Config, open OpenFunc) (*Report, error) {
 				return rep, err
 			}
 			rep.Runs = append(rep.Runs, r)
-			v.progress("%s / %s seed %d: %s, %d grants (%s)", v.Name, exp.name, seed, r.Verdict(), r.Findings.Grants, r.Dir)
+			v.progress("%s / %s seed %d: %s, %d grants (%s)", r.Label(), exp.name, seed, r.Verdict(), r.Findings.Grants, r.Dir)
 		}
 	}
-	md := "# dlock verify\n\n" + rep.Markdown()
+	md := "# dlock verify\n\n"
+	if v.FIFO {
+		md += "Workers acquire with dlock.WithFIFO() (the server-side queue): rows marked (FIFO).\n\n"
+	}
+	md += rep.Markdown()
 	if err := os.WriteFile(filepath.Join(v.OutDir, "report.md"), []byte(md), 0o644); err != nil {
 		return rep, fmt.Errorf("verify: %w", err)
 	}
@@ -197,7 +201,7 @@ func runOnce(ctx context.Context, cfg validated, exp experiment, seed int64, ope
 		}()
 		r.workerURL = withHosts(r.workerURL, addrs)
 	}
-	if err := probe(ctx, open, r.workerURL, r.key, cfg.TTL); err != nil {
+	if err := probe(ctx, open, r.workerURL, r.key, cfg.TTL, cfg.FIFO); err != nil {
 		return nil, err
 	}
 
@@ -221,7 +225,7 @@ func runOnce(ctx context.Context, cfg validated, exp experiment, seed int64, ope
 	if err != nil {
 		return nil, err
 	}
-	res = &RunResult{Backend: cfg.Name, Fault: exp.name, Seed: seed, Duration: cfg.Duration, TTL: cfg.TTL, Dir: r.dir, Findings: f}
+	res = &RunResult{Backend: cfg.Name, Fault: exp.name, FIFO: cfg.FIFO, Seed: seed, Duration: cfg.Duration, TTL: cfg.TTL, Dir: r.dir, Findings: f}
 	res.Elapsed = time.Since(began)
 	b, _ := json.MarshalIndent(res, "", "  ")
 	if err := os.WriteFile(filepath.Join(r.dir, SummaryFile), b, 0o644); err != nil {
@@ -230,8 +234,10 @@ func runOnce(ctx context.Context, cfg validated, exp experiment, seed int64, ope
 	return res, nil
 }
 
-// probe opens the backend and takes and releases a lock once.
-func probe(ctx context.Context, open OpenFunc, url, key string, ttl time.Duration) error {
+// probe opens the backend and takes and releases a lock once, with
+// dlock.WithFIFO() when fifo is set: a backend without a server-side queue
+// refuses it, an ErrInvalidConfig error.
+func probe(ctx context.Context, open OpenFunc, url, key string, ttl time.Duration, fifo bool) error {
 	pctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
 	b, closeB, err := open(pctx, url, ttl)
@@ -239,7 +245,18 @@ func probe(ctx context.Context, open OpenFunc, url, key string, ttl time.Duratio
 		return fmt.Errorf("verify: open backend %s: %w", RedactURL(url), err)
 	}
 	c := dlock.New(b, dlock.WithTTL(ttl))
-	l, err := c.TryAcquire(pctx, key+"-probe")
+	var opts []dlock.Option
+	if fifo {
+		opts = append(opts, dlock.WithFIFO())
+	}
+	l, err := c.TryAcquire(pctx, key+"-probe", opts...)
+	if fifo && errors.Is(err, dlock.ErrInvalidOption) {
+		_ = ignoreClosed(c.Close())
+		if closeB != nil {
+			_ = closeB()
+		}
+		return invalid("FIFO: the backend of %s cannot queue waiters: %v", RedactURL(url), err)
+	}
 	if err == nil {
 		err = l.Release(pctx)
 	}
@@ -270,6 +287,7 @@ func (r *run) spec(worker, inc int, resAddr string, quiet bool) workerSpec {
 		Seed:     uint64(r.seed)<<16 ^ uint64(inc),
 		History:  filepath.Join(r.histDir, name+".jsonl"),
 		Quiet:    quiet,
+		FIFO:     r.cfg.FIFO,
 	}
 }
 
@@ -334,7 +352,7 @@ func (r *run) runProcesses(ctx context.Context, resAddr string) (err error) {
 			return err
 		}
 	}
-	r.cfg.progress("%s / %s seed %d: %d workers up, faults for %v", r.cfg.Name, r.exp.name, r.seed, r.cfg.Workers, r.cfg.Duration)
+	r.cfg.progress("%s / %s seed %d: %d workers up, faults for %v", label(r.cfg.Name, r.cfg.FIFO), r.exp.name, r.seed, r.cfg.Workers, r.cfg.Duration)
 
 	start := monoNow()
 	chaos, cancel := context.WithTimeout(ctx, r.cfg.Duration)
@@ -532,7 +550,7 @@ func (r *run) quietPhase(ctx context.Context, resAddr string) error {
 		procs = append(procs, p)
 	}
 	r.mu.Unlock()
-	r.cfg.progress("%s / %s seed %d: quiet phase", r.cfg.Name, r.exp.name, r.seed)
+	r.cfg.progress("%s / %s seed %d: quiet phase", label(r.cfg.Name, r.cfg.FIFO), r.exp.name, r.seed)
 	for _, p := range procs {
 		_, _ = io.WriteString(p.stdin, "quiet\n")
 	}

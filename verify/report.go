@@ -18,6 +18,7 @@ import (
 type RunResult struct {
 	Backend  string        // Config.Name
 	Fault    string        // the experiment, e.g. "pause" or "pause+kill"
+	FIFO     bool          // the workers acquired with dlock.WithFIFO() (Config.FIFO)
 	Seed     int64         // replays the fault schedule
 	Duration time.Duration // the fault phase
 	TTL      time.Duration // the workers' lease TTL (Config.TTL)
@@ -29,9 +30,21 @@ type RunResult struct {
 // Verdict is Findings.Verdict.
 func (r *RunResult) Verdict() string { return r.Findings.Verdict() }
 
+// Label is the backend's name as the report shows it: Backend, with
+// " (FIFO)" appended for a run whose workers acquired with dlock.WithFIFO().
+func (r *RunResult) Label() string { return label(r.Backend, r.FIFO) }
+
+func label(backend string, fifo bool) string {
+	if fifo {
+		return backend + " (FIFO)"
+	}
+	return backend
+}
+
 // Row sums up the runs of one backend × experiment.
 type Row struct {
 	Backend, Fault string
+	FIFO           bool // the runs acquired with dlock.WithFIFO()
 	Runs           int
 	Seconds        float64 // total fault-phase time
 	Grants         int
@@ -102,9 +115,9 @@ const SummaryFile = "summary.json"
 // ReadReport reads the RunResults that earlier calls of Run wrote below
 // dirs (each an OutDir, or any directory above runs' directories), for one
 // table over campaigns run by separate processes. The runs are ordered by
-// the position of their dir in dirs, then by backend, then experiment (in
-// the order of FaultNames, by its first fault), then seed. OutDir is
-// dirs[0]. Reading no run at all is an error.
+// the position of their dir in dirs, then by backend (runs without FIFO
+// first), then experiment (in the order of FaultNames, by its first
+// fault), then seed. OutDir is dirs[0]. Reading no run at all is an error.
 func ReadReport(dirs ...string) (*Report, error) {
 	type keyed struct {
 		dir int
@@ -145,7 +158,13 @@ func ReadReport(dirs ...string) (*Report, error) {
 		return len(faultNames)
 	}
 	slices.SortStableFunc(all, func(a, b keyed) int {
-		return cmp.Or(cmp.Compare(a.dir, b.dir), cmp.Compare(a.run.Backend, b.run.Backend),
+		fifo := func(r *RunResult) int {
+			if r.FIFO {
+				return 1
+			}
+			return 0
+		}
+		return cmp.Or(cmp.Compare(a.dir, b.dir), cmp.Compare(a.run.Backend, b.run.Backend), cmp.Compare(fifo(a.run), fifo(b.run)),
 			cmp.Compare(rank(a.run.Fault), rank(b.run.Fault)), cmp.Compare(a.run.Fault, b.run.Fault),
 			cmp.Compare(a.run.Seed, b.run.Seed))
 	})
@@ -156,19 +175,23 @@ func ReadReport(dirs ...string) (*Report, error) {
 	return rep, nil
 }
 
-// Rows sums the runs up per backend × experiment, in order of first
-// appearance.
+// Rows sums the runs up per backend × experiment (FIFO runs apart from
+// the others), in order of first appearance.
 func (r *Report) Rows() []Row {
 	var rows []Row
 	var lat [][]time.Duration
-	index := map[[2]string]int{}
+	type rowKey struct {
+		backend, fault string
+		fifo           bool
+	}
+	index := map[rowKey]int{}
 	for _, run := range r.Runs {
-		k := [2]string{run.Backend, run.Fault}
+		k := rowKey{run.Backend, run.Fault, run.FIFO}
 		i, ok := index[k]
 		if !ok {
 			i = len(rows)
 			index[k] = i
-			rows = append(rows, Row{Backend: run.Backend, Fault: run.Fault})
+			rows = append(rows, Row{Backend: run.Backend, Fault: run.Fault, FIFO: run.FIFO})
 			lat = append(lat, nil)
 		}
 		row := &rows[i]
@@ -252,7 +275,7 @@ func (row Row) cells() []string {
 		verdict += fmt.Sprintf(" (%d failed, %d invalid)", row.Failed, row.Invalid)
 	}
 	return []string{
-		row.Backend, row.Fault, fmt.Sprint(row.Runs), fmt.Sprintf("%.0f", row.Seconds), fmt.Sprint(row.Grants),
+		label(row.Backend, row.FIFO), row.Fault, fmt.Sprint(row.Runs), fmt.Sprintf("%.0f", row.Seconds), fmt.Sprint(row.Grants),
 		fmt.Sprint(row.LeaseOverlaps), fmt.Sprint(row.FenceRegress),
 		fmt.Sprintf("%d/%d", row.FencedStaleAccepted, row.FencedStaleRejected), fmt.Sprint(row.FencedLost),
 		fmt.Sprint(row.NaiveStaleAccepted), fmt.Sprint(row.NaiveLost), rate,
@@ -290,7 +313,7 @@ func (r *Report) Markdown() string {
 	b.WriteString(r.problems(true))
 	b.WriteString("\n### Runs\n\n")
 	for _, run := range r.Runs {
-		fmt.Fprintf(&b, "- %s / %s, seed %d: %s, %d grants", run.Backend, run.Fault, run.Seed, run.Verdict(), run.Findings.Grants)
+		fmt.Fprintf(&b, "- %s / %s, seed %d: %s, %d grants", run.Label(), run.Fault, run.Seed, run.Verdict(), run.Findings.Grants)
 		for _, x := range []*ResourceFindings{run.Findings.Fenced, run.Findings.Naive} {
 			if x == nil {
 				continue
@@ -339,9 +362,9 @@ func (r *Report) problems(md bool) string {
 			continue
 		}
 		if md {
-			fmt.Fprintf(&b, "\n**%s / %s, seed %d: %s** (%s)\n", run.Backend, run.Fault, run.Seed, f.Verdict(), run.Dir)
+			fmt.Fprintf(&b, "\n**%s / %s, seed %d: %s** (%s)\n", run.Label(), run.Fault, run.Seed, f.Verdict(), run.Dir)
 		} else {
-			fmt.Fprintf(&b, "\n%s / %s, seed %d: %s (%s)\n", run.Backend, run.Fault, run.Seed, f.Verdict(), run.Dir)
+			fmt.Fprintf(&b, "\n%s / %s, seed %d: %s (%s)\n", run.Label(), run.Fault, run.Seed, f.Verdict(), run.Dir)
 		}
 		for _, v := range vs {
 			fmt.Fprintf(&b, "- violation: %s\n", v)

@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/dlock-go/dlock/internal/testserver"
 	"github.com/dlock-go/dlock/verify"
 )
 
@@ -153,6 +155,14 @@ func TestBadInput(t *testing.T) {
 			c.Duration = 2 * time.Second
 			c.TTL = 100 * time.Millisecond
 		}, verify.ErrUnavailable, "redis://127.0.0.1:1"},
+		{"FIFO without a queue", func(c *verify.Config) {
+			c.BackendURL = "broken://"
+			c.InProcess = true
+			c.Faults = []string{verify.FaultNone}
+			c.FIFO = true
+			c.Duration = 2 * time.Second
+			c.TTL = 100 * time.Millisecond
+		}, verify.ErrInvalidConfig, "cannot queue waiters"},
 		{"unknown scheme for the factory", func(c *verify.Config) {
 			c.BackendURL = "consul://127.0.0.1:8500"
 			c.Duration = 2 * time.Second
@@ -326,5 +336,95 @@ func TestReadReport(t *testing.T) {
 	}
 	if _, err := verify.ReadReport(t.TempDir()); err == nil {
 		t.Error("ReadReport of an empty directory: got nil error, want one")
+	}
+}
+
+// FIFO mode on single-node Redis: the workers wait in redislock's queue and
+// take the lock from a release's hand-off message, without a claim request
+// (the lease counts from their last heartbeat, for the claim TTL, until the
+// first renewal). Under holder pauses it keeps the same promises, and the
+// report marks the run as FIFO.
+func TestFIFORedislock(t *testing.T) {
+	cfg := shortConfig(t, verify.FaultPause)
+	cfg.FIFO = true
+	run := runOne(t, cfg)
+	f := run.Findings
+	if got := run.Verdict(); got != "PASS" {
+		t.Errorf("got verdict %s (violations %q, invalid %q), want PASS", got, f.Violations(), f.Invalid)
+	}
+	if f.Grants < 10 {
+		t.Errorf("got %d grants, want at least 10", f.Grants)
+	}
+	if len(f.LeaseOverlaps) != 0 || len(f.FenceRegressions) != 0 || f.Fenced.StaleAccepted != 0 || f.Fenced.LostUpdates != 0 {
+		t.Errorf("got %d lease overlaps, %d fence regressions, %d stale writes accepted, %d updates lost; want 0 each",
+			len(f.LeaseOverlaps), len(f.FenceRegressions), f.Fenced.StaleAccepted, f.Fenced.LostUpdates)
+	}
+	if !run.FIFO || run.Label() != "redislock (FIFO)" {
+		t.Errorf("got FIFO %v, label %q; want true, %q", run.FIFO, run.Label(), "redislock (FIFO)")
+	}
+	md, err := os.ReadFile(filepath.Join(cfg.OutDir, "report.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(md), "| redislock (FIFO) | pause |") || !strings.Contains(string(md), "dlock.WithFIFO()") {
+		t.Errorf("report.md does not mark the run as FIFO:\n%s", md)
+	}
+	back, err := verify.ReadReport(cfg.OutDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rows := back.Rows(); len(rows) != 1 || !rows[0].FIFO {
+		t.Errorf("ReadReport: got rows %+v, want one FIFO row", rows)
+	}
+}
+
+// Config.FIFO reaches the worker processes' Acquire calls: only a FIFO
+// waiter joins redislock's server-side queue, a sorted set (ZADD in
+// queue.lua; no other script of redislock adds to a sorted set). On a
+// server of its own, a run with FIFO leaves ZADD calls in the command
+// statistics and the same run without leaves none.
+func TestFIFOReachesWorkers(t *testing.T) {
+	for _, fifo := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fifo=%v", fifo), func(t *testing.T) {
+			srv, err := testserver.StartRedis(testserver.RedisOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				if err := srv.Stop(); err != nil {
+					t.Error(err)
+				}
+			})
+			cfg := verify.DefaultConfig()
+			cfg.BackendURL = "redis://" + srv.Addr()
+			cfg.Name = "redislock"
+			cfg.Faults = []string{verify.FaultNone}
+			cfg.FIFO = fifo
+			cfg.Duration = 2 * time.Second
+			cfg.TTL = 200 * time.Millisecond
+			cfg.Workers = 3
+			cfg.OutDir = t.TempDir()
+			cfg.Exe = workerExe(t)
+			run := runOne(t, cfg)
+			if got := run.Verdict(); got != "PASS" {
+				t.Errorf("got verdict %s (violations %q, invalid %q), want PASS", got, run.Findings.Violations(), run.Findings.Invalid)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			v, err := srv.Do(ctx, "INFO", "commandstats")
+			if err != nil {
+				t.Fatal(err)
+			}
+			info, _ := v.(string)
+			var zadds string
+			for _, line := range strings.Split(info, "\n") {
+				if strings.HasPrefix(line, "cmdstat_zadd:") {
+					zadds = strings.TrimSpace(line)
+				}
+			}
+			if queued := zadds != ""; queued != fifo {
+				t.Errorf("got ZADD statistics %q after %d grants, want queue used = %v", zadds, run.Findings.Grants, fifo)
+			}
+		})
 	}
 }

@@ -31,6 +31,7 @@ type workerSpec struct {
 	Seed     uint64        `json:"seed"`
 	History  string        `json:"history"` // path of the history file
 	Quiet    bool          `json:"quiet"`   // start in the quiet phase
+	FIFO     bool          `json:"fifo"`    // acquire with dlock.WithFIFO()
 }
 
 // Timing of a worker's loop, as fractions of the TTL. The critical section
@@ -150,6 +151,10 @@ func runWorker(ctx context.Context, spec workerSpec, open OpenFunc, shared *dloc
 		naive:  spec.Mode == ModeNaive || spec.Mode == ModeBoth,
 	}
 	w.obs = observer{w}
+	w.opts = []dlock.Option{dlock.WithObserver(w.obs)}
+	if spec.FIFO {
+		w.opts = append(w.opts, dlock.WithFIFO())
+	}
 	notify("ready")
 	for {
 		select {
@@ -181,6 +186,7 @@ type worker struct {
 	rng           *rand.Rand
 	notify        func(string)
 	obs           observer
+	opts          []dlock.Option // of every Acquire
 	fenced, naive bool
 }
 
@@ -239,7 +245,7 @@ func (w *worker) iterate(ctx context.Context, phase string) bool {
 	key := w.spec.Key
 	actx, cancel := context.WithTimeout(ctx, acquireTimeout(ttl))
 	e := w.begin(OpAcquire, key, 0, "", phase)
-	l, err := w.client.Acquire(actx, key, dlock.WithObserver(w.obs))
+	l, err := w.client.Acquire(actx, key, w.opts...)
 	cancel()
 	if err != nil {
 		outcome := OutcomeInfo

@@ -46,6 +46,10 @@ lost updates, linearizability (porcupine; HTML timelines in --out) and liveness.
 --backend with the host "local" (redis://local, redlock://local, etcd://local, zk://local)
 starts throwaway servers; the restart, server-pause and proxy faults need that.
 
+--fifo makes every worker acquire with dlock.WithFIFO(): redislock then queues waiters on the
+server and a release hands the lock to the next one; etcd and ZooKeeper always queue; redlock has
+no queue and is refused. The report marks such rows "(FIFO)".
+
 Faults: ` + strings.Join(verify.FaultNames(), ", ") + ` ("a+b" mixes two in one run).
 Exit status: 0 when every run passed, 1 when a run failed or was invalid, 2 on bad input.`,
 		Args: cobra.NoArgs,
@@ -88,6 +92,7 @@ Exit status: 0 when every run passed, 1 when a run failed or was invalid, 2 on b
 	f.DurationVar(&cfg.TTL, "ttl", cfg.TTL, "lease TTL of the workers")
 	f.StringVar(&cfg.Name, "name", cfg.Name, "backend name in the report")
 	f.StringVar(&cfg.ResourceMode, "resource", cfg.ResourceMode, "register to check: fenced, naive or both")
+	f.BoolVar(&cfg.FIFO, "fifo", cfg.FIFO, "workers acquire in FIFO mode (dlock.WithFIFO: server-side queue, hand-off on release); redlock refuses it")
 	return cmd
 }
 
