@@ -27,7 +27,8 @@ import (
 // separate processes, each holding the lock about 100 µs.
 //
 // The sets of n workers (etcdlock three times: with its protocol switches
-// on as in production, with one off, with both off; then the peer) are set
+// on as in production, with the sharing of watches between waits off,
+// with all off; then the peer) are set
 // up once and take turns in short slices (only one set runs at a time), so
 // that all see the same machine: the load of a shared machine drifts over
 // seconds, which makes back-to-back runs of several seconds incomparable.
@@ -38,12 +39,19 @@ import (
 //
 //	go test -run '^$' -bench Handoff -benchtime 1x
 //
+// HANDOFF_SLICE sets another slice length, for the same 10 s per set
+// (HANDOFF_SLICE=1s: 10 slices of 1 s): every slice starts with an empty
+// queue that fills in a random order, new to the watches etcdlock keeps
+// between waits, and Mutex's 100 ms cycles fit a short slice unevenly.
+//
 // concurrency.Mutex is capped by etcd's 100 ms catch-up of watches that
 // start at an old revision (16 waiters per 100 ms), whatever the machine;
-// etcdlock by CPU: the etcd server and the clients spend about 1.5–2 ms
-// and 1 ms of CPU per grant (a few requests of ~0.2 ms each), which on a
-// shared 2-core machine bounds the rate, while the WAL fsyncs (under 1 ms
-// per grant) hardly matter. TMPDIR=/dev/shm puts the test server's data
+// etcdlock by CPU and the disk: per grant, two writes (queue, release),
+// one serializable read (off the hand-off's path) and, with watches
+// shared between waits, few watch creations; the etcd server and the
+// clients spend about 1 ms and 0.6 ms of CPU per grant, which on a
+// shared 2-core machine bounds the rate, and a release waits for the WAL
+// fsyncs queued before it. TMPDIR=/dev/shm puts the test server's data
 // directory on tmpfs, which takes a disk shared with other work out of the
 // comparison (an additional figure, not a replacement).
 func BenchmarkHandoff(b *testing.B) {
@@ -54,11 +62,20 @@ func BenchmarkHandoff(b *testing.B) {
 
 func benchHandoff(b *testing.B, workers int) {
 	const (
-		hold   = 100 * time.Microsecond
-		slice  = 250 * time.Millisecond
-		rounds = 40
-		ttl    = 10 * time.Second
+		hold = 100 * time.Microsecond
+		ttl  = 10 * time.Second
 	)
+	// 40 slices of 250 ms per set, unless HANDOFF_SLICE sets another
+	// slice length (the same 10 s in all).
+	slice := 250 * time.Millisecond
+	if v := os.Getenv("HANDOFF_SLICE"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			b.Fatalf("HANDOFF_SLICE=%q: want a positive duration", v)
+		}
+		slice = d
+	}
+	rounds := max(int(10*time.Second/slice), 1)
 	key := uniqueKey(b)
 	newOurs := func() *contenders {
 		return newContenders(workers, hold, func() contender {
@@ -81,8 +98,9 @@ func benchHandoff(b *testing.B, workers int) {
 		})
 	}
 	// The sets take turns, in a rotating order. etcdlock runs with its
-	// protocol switches on (as in production), then without watching the
-	// entry ahead of the predecessor, then with both off: what each saves.
+	// protocol switches on (as in production), then with new watches (and
+	// a new watch stream) for every wait, then with all switches off: what
+	// each saves.
 	sets := []*contenders{newOurs(), newOurs(), newOurs(), newContenders(workers, hold, func() contender {
 		s, err := concurrency.NewSession(newCli(b, srv.Endpoints()), concurrency.WithTTL(int(ttl/time.Second)))
 		if err != nil {
@@ -103,13 +121,15 @@ func benchHandoff(b *testing.B, workers int) {
 			close: func() { s.Close() },
 		}
 	})}
-	names := []string{"etcdlock", "etcdlock (no watch ahead)", "etcdlock (both switches off)", "concurrency.Mutex"}
-	switches := [][2]bool{{true, true}, {false, true}, {false, false}, {true, true}}
+	names := []string{"etcdlock", "etcdlock (watches per wait)", "etcdlock (all switches off)", "concurrency.Mutex"}
+	perWait := etcdlock.AllOn
+	perWait.AnchorStream, perWait.ShareWatches = false, false
+	switches := []etcdlock.Protocol{etcdlock.AllOn, perWait, {}, etcdlock.AllOn}
 	for _, c := range sets {
 		defer c.close()
 	}
 	run := func(i int) float64 {
-		restore := etcdlock.SetProtocol(switches[i][0], switches[i][1])
+		restore := etcdlock.SetProtocol(switches[i])
 		defer restore()
 		return sets[i].run(slice)
 	}

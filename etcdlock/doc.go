@@ -96,14 +96,24 @@
 // heads the queue, its deletion is the grant, with no request after it.
 // Otherwise (a waiter ahead gave up) the re-read happens after the
 // predecessor's deletion. A re-read is serializable (no round of
-// consensus) and accepted only if it reflects the deletion's revision.
-// The watches start at the server's current revision: etcd serves watches
-// that start in the past from its history only every 100 ms, which caps
+// consensus) and accepted only if it reflects the deletion's revision. The
+// watches start at the server's current revision: etcd serves watches that
+// start in the past from its history only every 100 ms, which caps
 // concurrency.Mutex at about ten hand-offs per second per waiter; a
 // watch's creation revision tells whether the entry must be read once
-// more. A cancelled Wait
-// deletes its entry at once with a fresh context (waiting at most 1 s for
-// an unreachable server, then leaving it to a background retry and to the
+// more. A Backend keeps one watch per entry name, shared by its waiters
+// and kept open up to 1 s after the last one is done (at most 16 idle;
+// what an idle watch reports is read by its next user, or dropped with
+// it): a Backend that takes the same lock again and again usually finds
+// the entries ahead of its own under the same names (entry names are
+// reused, and steady contenders keep their order in the queue), so its
+// next wait creates no watch and needs no extra read (such a watch
+// predates the read that found the entry). One idle watch that never
+// reports anything keeps the Backend's watch stream open between waits
+// (the etcd client closes a stream with its last watch, and a new one
+// for every wait made each watch a third dearer). A cancelled Wait deletes its
+// entry at once with a fresh context (waiting at most 1 s for an
+// unreachable server, then leaving it to a background retry and to the
 // lease's expiry). A transaction whose outcome is unknown (ctx ended or
 // the reply was lost) is undone the same way.
 //

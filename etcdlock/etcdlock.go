@@ -35,6 +35,10 @@ const (
 	// no longer tracks and the lease revocations of Close.
 	cleanupTimeout = 5 * time.Second
 
+	// anchorRetry is the pause before anchorLoop watches again after its
+	// watch ended (the server lost its leader, the connection broke).
+	anchorRetry = time.Second
+
 	// abandonTimeout bounds how long a cancelled Wait (or a failed
 	// acquisition) waits for the deletion of its entry before returning;
 	// if the server did not answer by then, the Backend keeps trying in the
@@ -68,11 +72,19 @@ var (
 	// reuseRenewal: a grant shortly after a renewal of its lease counts
 	// from that renewal instead of renewing again (see renewedAt).
 	reuseRenewal atomic.Bool
+	// anchorStream: a Backend keeps its waiters' watch stream open between
+	// waits (see anchorLoop).
+	anchorStream atomic.Bool
+	// shareWatches: a Backend's waiters share their entry watches and
+	// keep them open a while (see entrywatch.go).
+	shareWatches atomic.Bool
 )
 
 func init() {
 	watchAhead.Store(true)
 	reuseRenewal.Store(true)
+	anchorStream.Store(true)
+	shareWatches.Store(true)
 }
 
 // An Option configures a Backend in New.
@@ -119,8 +131,13 @@ type Backend struct {
 	busy     map[string]struct{}   // orphans being removed right now
 	sweeping bool                  // sweepLoop runs
 	looping  bool
-	kick     chan struct{}
-	wg       sync.WaitGroup
+	anchored bool // anchorLoop runs
+	// Entry watches of the waiters (entrywatch.go), by etcd key.
+	entries     map[string]*entryWatch
+	idleWatches int         // entries no waiter uses
+	reaper      *time.Timer // runs reapEntries
+	kick        chan struct{}
+	wg          sync.WaitGroup
 }
 
 // orphan is a claim on an entry the Backend no longer tracks but could
@@ -162,6 +179,7 @@ func New(cli *clientv3.Client, opts ...Option) *Backend {
 		orphans:  make(map[string]orphan),
 		busy:     make(map[string]struct{}),
 		kick:     make(chan struct{}, 1),
+		entries:  make(map[string]*entryWatch),
 	}
 	if cli == nil {
 		b.err = fmt.Errorf("etcdlock: nil etcd client: %w", dlock.ErrInvalidOption)
@@ -862,6 +880,10 @@ func (b *Backend) Close() error {
 		return nil
 	}
 	b.closed = true
+	if b.reaper != nil {
+		b.reaper.Stop()
+		b.reaper = nil
+	}
 	var ids []clientv3.LeaseID
 	for _, ls := range b.leases {
 		if ls.isReady() && ls.err == nil && ls.dead == nil {

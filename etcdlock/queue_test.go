@@ -96,11 +96,33 @@ func TestFIFOSkipsCancelledWaiters(t *testing.T) {
 }
 
 // callCounter counts the unary gRPC calls of an etcd client, by method,
-// and the watches the server confirmed created.
+// and the watches the server confirmed created and cancelled.
 type callCounter struct {
-	mu      sync.Mutex
-	calls   map[string]int
-	created atomic.Int32
+	mu       sync.Mutex
+	calls    map[string]int
+	created  atomic.Int32
+	canceled atomic.Int32
+}
+
+// newCountedCli returns an etcd client whose calls and watches are
+// counted, closed when the test ends.
+func newCountedCli(t testing.TB) (*callCounter, *clientv3.Client) {
+	t.Helper()
+	counter := &callCounter{calls: make(map[string]int)}
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:   srv.Endpoints(),
+		DialTimeout: 5 * time.Second,
+		Logger:      zap.NewNop(),
+		DialOptions: []grpc.DialOption{
+			grpc.WithChainUnaryInterceptor(counter.intercept),
+			grpc.WithChainStreamInterceptor(counter.stream),
+		},
+	})
+	if err != nil {
+		t.Fatalf("clientv3.New: %v", err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return counter, cli
 }
 
 func (c *callCounter) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
@@ -119,8 +141,13 @@ type countingStream struct {
 
 func (s *countingStream) RecvMsg(m any) error {
 	err := s.ClientStream.RecvMsg(m)
-	if r, ok := m.(*etcdserverpb.WatchResponse); ok && err == nil && r.Created {
-		s.c.created.Add(1)
+	if r, ok := m.(*etcdserverpb.WatchResponse); ok && err == nil {
+		if r.Created {
+			s.c.created.Add(1)
+		}
+		if r.Canceled {
+			s.c.canceled.Add(1)
+		}
 	}
 	return err
 }
@@ -173,20 +200,7 @@ func TestThirdInLineGrantedWithoutRead(t *testing.T) {
 	}()
 	waitFor(t, 10*time.Second, "first waiter queued", func() bool { return entries(t, cli, key) == 2 })
 
-	counter := &callCounter{calls: make(map[string]int)}
-	cli2, err := clientv3.New(clientv3.Config{
-		Endpoints:   srv.Endpoints(),
-		DialTimeout: 5 * time.Second,
-		Logger:      zap.NewNop(),
-		DialOptions: []grpc.DialOption{
-			grpc.WithChainUnaryInterceptor(counter.intercept),
-			grpc.WithChainStreamInterceptor(counter.stream),
-		},
-	})
-	if err != nil {
-		t.Fatalf("clientv3.New: %v", err)
-	}
-	t.Cleanup(func() { cli2.Close() })
+	counter, cli2 := newCountedCli(t)
 	c2 := dlock.New(etcdlock.New(cli2), dlock.WithTTL(10*time.Second))
 	t.Cleanup(func() { c2.Close() })
 	type result struct {
@@ -199,8 +213,9 @@ func TestThirdInLineGrantedWithoutRead(t *testing.T) {
 		l, err := c2.Acquire(ctx, key)
 		second <- result{l, counter.take(), err}
 	}()
-	// Queued third, it watches its predecessor and the holder's entry.
-	waitFor(t, 10*time.Second, "the third waiter's watches", func() bool { return counter.created.Load() == 2 })
+	// Queued third, it watches its predecessor and the holder's entry
+	// (and keeps its watch stream open with one more watch).
+	waitFor(t, 10*time.Second, "the third waiter's watches", func() bool { return counter.created.Load() == 3 })
 
 	if err := holder.Release(ctx); err != nil {
 		t.Fatalf("Release holder: %v", err)
@@ -224,6 +239,150 @@ func TestThirdInLineGrantedWithoutRead(t *testing.T) {
 	if len(r.calls) != 0 {
 		t.Fatalf("calls of the third waiter after its predecessor's release: got %v, want none", r.calls)
 	}
+}
+
+// TestWaitReusesEntryWatches checks that a Backend waiting again behind
+// the same entry (the holder's Backend reuses its key) reuses its watch of
+// that entry: the second wait creates no watch and reads nothing but the
+// transaction that queues it (the watch predates that read, so it cannot
+// have missed a deletion); and that the watch is cancelled once no wait
+// has needed it for the linger time, while the one keeping the watch
+// stream open stays.
+func TestWaitReusesEntryWatches(t *testing.T) {
+	const rangeCall = "/etcdserverpb.KV/Range"
+	restore := etcdlock.SetEntryWatchLinger(time.Minute)
+	t.Cleanup(restore)
+	key := uniqueKey(t)
+	cli := newCli(t, srv.Endpoints())
+	hc, _ := newClient(t, srv.Endpoints())
+	counter, wcli := newCountedCli(t)
+	wc := dlock.New(etcdlock.New(wcli), dlock.WithTTL(10*time.Second))
+	t.Cleanup(func() { wc.Close() })
+	ctx := ctxT(t, time.Minute)
+	for round := range 2 {
+		holder, err := hc.Acquire(ctx, key)
+		if err != nil {
+			t.Fatalf("round %d: Acquire holder: %v", round, err)
+		}
+		created := counter.created.Load()
+		counter.take()
+		type result struct {
+			l   *dlock.Lease
+			err error
+		}
+		waited := make(chan result, 1)
+		go func() {
+			l, err := wc.Acquire(ctx, key)
+			waited <- result{l, err}
+		}()
+		waitFor(t, 10*time.Second, "waiter queued", func() bool { return entries(t, cli, key) == 2 })
+		if round == 0 {
+			// The watch of the holder's entry, and the stream's anchor.
+			waitFor(t, 10*time.Second, "the waiter's watches", func() bool { return counter.created.Load() == created+2 })
+		}
+		if err := holder.Release(ctx); err != nil {
+			t.Fatalf("round %d: Release holder: %v", round, err)
+		}
+		r := <-waited
+		if r.err != nil {
+			t.Fatalf("round %d: waiter: %v", round, r.err)
+		}
+		calls := counter.take()
+		if err := r.l.Release(ctx); err != nil {
+			t.Fatalf("round %d: Release waiter: %v", round, err)
+		}
+		if round == 1 {
+			if n := counter.created.Load() - created; n != 0 {
+				t.Fatalf("watches created by the second wait: got %d, want 0", n)
+			}
+			if calls[rangeCall] != 0 {
+				t.Fatalf("reads by the second wait: got %v, want no %s", calls, rangeCall)
+			}
+		}
+	}
+	if n := counter.canceled.Load(); n != 0 {
+		t.Fatalf("watches cancelled within the linger time: got %d, want 0", n)
+	}
+	// The holder's entry is deleted (and created again) while the watch is
+	// idle: the next wait reuses the watch and must take that old deletion
+	// for what it is, not for the release of the entry it reads now.
+	holder, err := hc.Acquire(ctx, key)
+	if err != nil {
+		t.Fatalf("Acquire holder: %v", err)
+	}
+	if err := holder.Release(ctx); err != nil {
+		t.Fatalf("Release holder: %v", err)
+	}
+	holder, err = hc.Acquire(ctx, key)
+	if err != nil {
+		t.Fatalf("Acquire holder: %v", err)
+	}
+	created := counter.created.Load()
+	var released atomic.Bool
+	waited := make(chan error, 1)
+	go func() {
+		l, err := wc.Acquire(ctx, key)
+		if err == nil && !released.Load() {
+			err = fmt.Errorf("granted while the holder still held the lock (fence %d)", l.Fence())
+		}
+		if err == nil {
+			err = l.Release(ctx)
+		}
+		waited <- err
+	}()
+	waitFor(t, 10*time.Second, "waiter queued", func() bool { return entries(t, cli, key) == 2 })
+	// Nothing to await here: a waiter misled by the old deletion would be
+	// granted within a few milliseconds.
+	time.Sleep(100 * time.Millisecond)
+	released.Store(true)
+	if err := holder.Release(ctx); err != nil {
+		t.Fatalf("Release holder: %v", err)
+	}
+	if err := <-waited; err != nil {
+		t.Fatalf("waiter: %v", err)
+	}
+	if n := counter.created.Load() - created; n != 0 {
+		t.Fatalf("watches created by the third wait: got %d, want 0", n)
+	}
+}
+
+// TestIdleEntryWatchExpires checks that a Backend's watch of an entry it
+// waited behind is cancelled once no wait has needed it for the linger
+// time.
+func TestIdleEntryWatchExpires(t *testing.T) {
+	restore := etcdlock.SetEntryWatchLinger(50 * time.Millisecond)
+	t.Cleanup(restore)
+	key := uniqueKey(t)
+	cli := newCli(t, srv.Endpoints())
+	hc, _ := newClient(t, srv.Endpoints())
+	counter, wcli := newCountedCli(t)
+	wc := dlock.New(etcdlock.New(wcli), dlock.WithTTL(10*time.Second))
+	t.Cleanup(func() { wc.Close() })
+	ctx := ctxT(t, time.Minute)
+	holder, err := hc.Acquire(ctx, key)
+	if err != nil {
+		t.Fatalf("Acquire holder: %v", err)
+	}
+	waited := make(chan error, 1)
+	go func() {
+		l, err := wc.Acquire(ctx, key)
+		if err == nil {
+			err = l.Release(ctx)
+		}
+		waited <- err
+	}()
+	waitFor(t, 10*time.Second, "waiter queued", func() bool { return entries(t, cli, key) == 2 })
+	waitFor(t, 10*time.Second, "the waiter's watches", func() bool { return counter.created.Load() == 2 })
+	if err := holder.Release(ctx); err != nil {
+		t.Fatalf("Release holder: %v", err)
+	}
+	if err := <-waited; err != nil {
+		t.Fatalf("waiter: %v", err)
+	}
+	if n := counter.canceled.Load(); n != 0 {
+		t.Fatalf("watches cancelled right after the wait: got %d, want 0", n)
+	}
+	waitFor(t, 10*time.Second, "the idle watch cancelled", func() bool { return counter.canceled.Load() == 1 })
 }
 
 // TestEntryKeyReused checks that a Backend taking the same lock again and
