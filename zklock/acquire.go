@@ -118,8 +118,9 @@ func (b *Backend) queue(ctx context.Context, r dlock.Request, keyPath string, no
 	session := b.conn.SessionID() // the node's owner, unless it is read below
 	// own is our node's Stat and an existence watch on it, read only when
 	// needed: when the create did not tell the czxid (a recovered lost
-	// reply), or when we wait second in line, where the watch makes the
-	// predecessor's deletion a grant without listing again (see below).
+	// reply), or when we wait second in line or further back (watching
+	// ahead), where the watch makes the predecessor's deletion a grant
+	// without listing again (see below).
 	var own *statResult
 	lastOK := time.Now()
 	delay := 20 * time.Millisecond
@@ -177,16 +178,11 @@ func (b *Backend) queue(ctx context.Context, r dlock.Request, keyPath string, no
 			return dlock.Grant{}, nil
 		}
 		// Our Stat: needed for the grant when the create did not tell the
-		// czxid; and second in line, the watch on our node lets the
-		// predecessor's deletion be the grant. Read after the predecessor's
-		// watch is set, so it never delays noticing a quick release.
-		// readOwn reports ok, or that the loop must start again (err nil)
-		// or end with err.
-		readOwn := func() (ok bool, err error) {
-			res, err := await(ctx, func() (statResult, error) {
-				ok, st, ch, err := b.conn.ExistsW(path)
-				return statResult{exists: ok, stat: st, watch: ch}, err
-			})
+		// czxid; and with a waiter, the watch on our node lets the
+		// predecessor's deletion be the grant (see below). useOwn takes
+		// the answer of an ExistsW on our node: it reports ok, or that the
+		// loop must start again (err nil) or end with err.
+		useOwn := func(res statResult, err error) (ok bool, _ error) {
 			switch {
 			case err != nil:
 				_, err := retry(err)
@@ -197,6 +193,9 @@ func (b *Backend) queue(ctx context.Context, r dlock.Request, keyPath string, no
 			own = &res
 			node.czxid, session = res.stat.Czxid, res.stat.EphemeralOwner
 			return true, nil
+		}
+		readOwn := func() (ok bool, err error) {
+			return useOwn(b.watchOwn(ctx, path))
 		}
 		if i == 0 {
 			if own == nil && node.czxid == 0 {
@@ -209,8 +208,49 @@ func (b *Backend) queue(ctx context.Context, r dlock.Request, keyPath string, no
 			}
 			return b.granted(r, path, node.czxid, session, own)
 		}
+		// Watch the predecessor; third or further in line, the node before
+		// it too (see below: its absence only costs the shortcut); and our
+		// own node when the grant will need it. The requests are pipelined
+		// on the connection (in flight together: one round trip, and the
+		// server takes them in one go), and the server answers them in
+		// the order sent.
+		var (
+			ppc  chan (<-chan zk.Event)
+			ownc chan result[statResult]
+		)
+		if pp != "" && watchAhead.Load() {
+			ppc = make(chan (<-chan zk.Event), 1)
+			go func() { ppc <- b.watchBefore(ctx, keyPath+"/"+pp) }()
+		}
+		if own == nil && (node.czxid == 0 || i == 1 || ppc != nil) {
+			ownc = make(chan result[statResult], 1)
+			go func() {
+				res, err := b.watchOwn(ctx, path)
+				ownc <- result[statResult]{res, err}
+			}()
+		}
 		watch, err := b.watchNode(ctx, keyPath+"/"+pred)
+		var ppWatch <-chan zk.Event
+		if ppc != nil {
+			ppWatch = <-ppc
+		}
+		if ownc != nil {
+			res := <-ownc
+			if ok, err := useOwn(res.v, res.err); !ok {
+				if err != nil {
+					return dlock.Grant{}, err
+				}
+				continue
+			}
+		}
 		switch {
+		case errors.Is(err, zk.ErrNoNode) && i == 1 && own.armed():
+			// The predecessor, the only node ahead of ours at the
+			// listing, left before its watch could be set (a quick
+			// release), and our node still exists (its watch is set and
+			// has not fired): ours is the head. Granted without listing
+			// again, as if the watch had fired.
+			return b.granted(r, path, node.czxid, session, own)
 		case errors.Is(err, zk.ErrNoNode):
 			continue // the predecessor left already: look again
 		case err != nil:
@@ -219,24 +259,16 @@ func (b *Backend) queue(ctx context.Context, r dlock.Request, keyPath string, no
 			}
 			continue
 		}
-		// Third or further in line: watch the node before the predecessor
-		// too (see below). Its absence only costs the shortcut.
-		var ppWatch <-chan zk.Event
-		if pp != "" && watchAhead.Load() {
-			ppWatch = b.watchBefore(ctx, keyPath+"/"+pp)
-		}
-		if own == nil && (node.czxid == 0 || i == 1) {
-			if ok, err := readOwn(); !ok {
-				if err != nil {
-					return dlock.Grant{}, err
-				}
-				continue
-			}
-		}
 	wait:
 		for {
 			select {
 			case ev := <-watch:
+				if ev.Type == zk.EventNodeDeleted && i == 2 && deleted(ppWatch) {
+					// Both nodes ahead at the listing left (their events
+					// came together): as if the one before the predecessor
+					// had gone first (below).
+					i = 1
+				}
 				if ev.Type == zk.EventNodeDeleted && i == 1 && own.armed() {
 					// The predecessor was the head of the queue, and nodes
 					// ahead of ours only ever leave (later nodes get higher
@@ -250,7 +282,7 @@ func (b *Backend) queue(ctx context.Context, r dlock.Request, keyPath string, no
 				// A waiter ahead left, the node changed, or the watch was
 				// dropped (session expired, connection closed): look again.
 				break wait
-			case <-ppWatch:
+			case ev := <-ppWatch:
 				// The node before the predecessor changed, usually deleted
 				// by its holder's release: the predecessor may hold the lock
 				// now. Listing now, while it does, rather than after its own
@@ -260,6 +292,13 @@ func (b *Backend) queue(ctx context.Context, r dlock.Request, keyPath string, no
 				// gave up instead, the node now before the predecessor is
 				// watched. Each deletion thus wakes at most two waiters.
 				ppWatch = nil
+				if ev.Type == zk.EventNodeDeleted && i == 2 && own.armed() {
+					// It and the predecessor were the only nodes ahead at
+					// the listing, and nodes ahead only ever leave: the
+					// predecessor heads the queue, no listing needed.
+					i = 1
+					continue
+				}
 				c, err := list()
 				if err != nil {
 					break wait // handled by the listing at the top
@@ -311,6 +350,15 @@ func (b *Backend) watchBefore(ctx context.Context, path string) <-chan zk.Event 
 	return ch
 }
 
+// watchOwn reads the Stat of our lock node at path and sets an existence
+// watch on it (ExistsW), bounded by ctx.
+func (b *Backend) watchOwn(ctx context.Context, path string) (statResult, error) {
+	return await(ctx, func() (statResult, error) {
+		ok, st, ch, err := b.conn.ExistsW(path)
+		return statResult{exists: ok, stat: st, watch: ch}, err
+	})
+}
+
 // watchNode sets a data watch on the node at path (GetW), bounded by ctx.
 // It fails with zk.ErrNoNode when the node does not exist.
 func (b *Backend) watchNode(ctx context.Context, path string) (<-chan zk.Event, error) {
@@ -318,6 +366,17 @@ func (b *Backend) watchNode(ctx context.Context, path string) (<-chan zk.Event, 
 		_, _, ch, err := b.conn.GetW(path)
 		return ch, err
 	})
+}
+
+// deleted reports, without waiting, whether ch holds a deletion event. It
+// takes any event there is (the caller lists again on anything else).
+func deleted(ch <-chan zk.Event) bool {
+	select {
+	case ev := <-ch:
+		return ev.Type == zk.EventNodeDeleted
+	default:
+		return false
+	}
 }
 
 // ch returns the watch channel, nil (blocking forever) when there is none.

@@ -23,7 +23,11 @@ import (
 // contending for one key (16: the acceptance case; 2: the common case of
 // one waiter), each with its own session (zklock: its own connection,
 // Backend and dlock.Client; the peer: its own connection and
-// go-zookeeper's zk.Lock), each holding the lock about 100µs.
+// go-zookeeper's zk.Lock), each holding the lock about 100µs (holdFor:
+// nanosleep on Linux, about 150µs with the kernel's timer slack; not
+// time.Sleep, which the Go runtime rounds up to a millisecond whenever no
+// other goroutine is runnable, so the hold would vary between 0.1 and 1.1
+// ms with what the protocol under test happens to be doing).
 //
 // The sets of n workers (zklock twice: as in production and without
 // watching the node ahead of the predecessor; then the peer) are set up
@@ -179,7 +183,7 @@ func (c *contenders) run(d time.Duration) float64 {
 			for !stop.Load() {
 				w.lock()
 				c.grants.Add(1)
-				time.Sleep(c.hold)
+				holdFor(c.hold)
 				w.unlock()
 			}
 		}()

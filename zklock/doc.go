@@ -48,10 +48,12 @@
 // ahead only ever leave, and had our node been deleted first, its watch
 // would have fired first): the hand-off costs the holder's delete and one
 // notification. A waiter third or further in line also watches the node
-// before its predecessor: when that one goes (usually its holder
-// released), it lists the queue while the predecessor holds the lock and,
-// finding the predecessor first, is second in line for the next hand-off,
-// so that one needs no listing either. A release thus wakes at most two
+// before its predecessor (and its own node): when that one goes (usually
+// its holder released), it lists the queue while the predecessor holds
+// the lock and, finding the predecessor first, is second in line for the
+// next hand-off, so that one needs no listing either. It need not list
+// when those two were the only nodes ahead at its last listing: the
+// predecessor heads the queue then. A release thus wakes at most two
 // waiters, never a herd. TryAcquire deletes its node again when it is not
 // first. A waiter whose context ends deletes its node at once, with a
 // fresh context bounded by a second, and returns the context's error;
@@ -59,17 +61,19 @@
 //
 // Round trips: an uncontended acquire and release take three (create,
 // list, delete), as zk.Lock's do. A waiter queued second takes five
-// (create, list, watch, exists on its own node, delete), one queued
-// further back seven (also a watch on the node before its predecessor and
-// a listing when that one goes, while the predecessor holds the lock);
-// either sends nothing between its predecessor's delete and its grant.
-// zk.Lock takes five (create, list, watch, list, delete), its second
-// listing on the path of every hand-off. The fence costs none: with Connect it is read
-// off the wire from the create's reply (whose zxid is the new node's
-// czxid), with New the create is a multi-op with an empty write to the
-// queue node, whose returned Stat carries the same zxid. The watch that
-// reports a held node's deletion is set 100ms into a hold (most holds are
-// over by then), or at the first Refresh.
+// requests (create, list, watch, exists on its own node, delete), one
+// queued third six (also a watch on the node before its predecessor),
+// one queued further back seven (and a listing when that node goes, while
+// the predecessor holds the lock); the watches and the exists go out
+// together, pipelined in one round trip, and none of them sends anything
+// between its predecessor's delete and its grant. zk.Lock takes five
+// (create, list, watch, list, delete), its second listing on the path of
+// every hand-off. The fence costs none: with Connect it is read off the
+// wire from the create's reply (whose zxid is the new node's czxid), with
+// New the create is a multi-op with an empty write to the queue node,
+// whose returned Stat carries the same zxid. The watch that reports a
+// held node's deletion is set 100ms into a hold (most holds are over by
+// then), or at the first Refresh.
 //
 // Lost replies: if the connection drops after a create was sent, the node
 // may or may not exist. The acquisition lists the queue once reconnected

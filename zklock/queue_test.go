@@ -88,77 +88,103 @@ func TestFIFOSkipsCancelledWaiters(t *testing.T) {
 	}
 }
 
-// TestThirdInLineGrantedWithoutListing checks the hand-off shortcut of a
-// waiter third in line: when the holder releases, it lists the queue once
-// (while the next waiter holds the lock) and finds its predecessor at the
-// head; the predecessor's release then grants it with no request at all.
-func TestThirdInLineGrantedWithoutListing(t *testing.T) {
+// TestWaiterGrantedWithoutListing checks the hand-off shortcut of a
+// waiter queued behind the holder and one or two other waiters. Queued,
+// it lists the queue once and, in one round trip, watches its predecessor,
+// the node before that and its own node. Third in line, the holder's
+// release leaves only its predecessor ahead — known without listing,
+// since nodes ahead only ever leave. Fourth in line, the release of the
+// node before its predecessor makes it list the queue once, while the
+// predecessor holds the lock. Either way, the predecessor's release then
+// grants it with no request at all.
+func TestWaiterGrantedWithoutListing(t *testing.T) {
 	const (
 		opExists   = 3
 		opGetData  = 4
 		opChildren = 12
 		opPing     = 11
 	)
-	k := key(t)
-	obs := observer(t, zkServer.Addr())
-	hc, hb := client(t, zkServer.Addr(), 10*time.Second)
-	ctx := ctxFor(t, time.Minute)
-	holder, err := hc.Acquire(ctx, k)
-	if err != nil {
-		t.Fatalf("Acquire: %v", err)
-	}
-	c1, _ := client(t, zkServer.Addr(), 10*time.Second)
-	first := make(chan *dlock.Lease, 1)
-	go func() {
-		l, err := c1.Acquire(ctx, k)
-		if err != nil {
-			t.Errorf("first waiter: %v", err)
-		}
-		first <- l
-	}()
-	awaitQueue(t, obs, hb.KeyPath(k), 2)
+	for _, ahead := range []int{1, 2} {
+		t.Run(fmt.Sprintf("waiters-ahead=%d", ahead), func(t *testing.T) {
+			k := key(t)
+			obs := observer(t, zkServer.Addr())
+			hc, hb := client(t, zkServer.Addr(), 10*time.Second)
+			ctx := ctxFor(t, time.Minute)
+			holder, err := hc.Acquire(ctx, k)
+			if err != nil {
+				t.Fatalf("Acquire: %v", err)
+			}
+			leases := make([]chan *dlock.Lease, ahead)
+			for i := range leases {
+				c, _ := client(t, zkServer.Addr(), 10*time.Second)
+				leases[i] = make(chan *dlock.Lease, 1)
+				go func() {
+					l, err := c.Acquire(ctx, k)
+					if err != nil {
+						t.Errorf("waiter %d: %v", i, err)
+					}
+					leases[i] <- l
+				}()
+				awaitQueue(t, obs, hb.KeyPath(k), i+2)
+			}
 
-	counter := &opCounter{ops: make(map[int32]int)}
-	_, b2 := connect(t, zkServer.Addr(), 10*time.Second, zklock.WithDialer(counter.dial))
-	c2 := dlock.New(b2, dlock.WithTTL(10*time.Second))
-	t.Cleanup(func() { c2.Close() })
-	type result struct {
-		l   *dlock.Lease
-		ops map[int32]int // requests sent from the first waiter's release on
-		err error
-	}
-	second := make(chan result, 1)
-	go func() {
-		l, err := c2.Acquire(ctx, k)
-		second <- result{l, counter.take(), err}
-	}()
-	awaitQueue(t, obs, hb.KeyPath(k), 3)
-	// Queued third: it listed the queue and watches its predecessor and
-	// the holder's node.
-	waitOps(t, counter, func(ops map[int32]int) bool { return ops[opChildren] == 1 && ops[opGetData] == 2 })
+			counter := &opCounter{ops: make(map[int32]int)}
+			_, b2 := connect(t, zkServer.Addr(), 10*time.Second, zklock.WithDialer(counter.dial))
+			c2 := dlock.New(b2, dlock.WithTTL(10*time.Second))
+			t.Cleanup(func() { c2.Close() })
+			type result struct {
+				l   *dlock.Lease
+				ops map[int32]int // requests sent since the last take
+				err error
+			}
+			last := make(chan result, 1)
+			go func() {
+				l, err := c2.Acquire(ctx, k)
+				last <- result{l, counter.take(), err}
+			}()
+			awaitQueue(t, obs, hb.KeyPath(k), ahead+2)
+			// Queued: it listed the queue and watches its predecessor, the
+			// node before it and its own node.
+			waitOps(t, counter, func(ops map[int32]int) bool {
+				return ops[opChildren] == 1 && ops[opGetData] == 2 && ops[opExists] == 1
+			})
+			counter.take()
 
-	if err := holder.Release(ctx); err != nil {
-		t.Fatalf("Release: %v", err)
-	}
-	l1 := <-first
-	if l1 == nil {
-		t.FailNow()
-	}
-	// The holder's node is gone: the third waiter lists again and, second
-	// in line now, watches its own node.
-	waitOps(t, counter, func(ops map[int32]int) bool { return ops[opChildren] == 2 && ops[opExists] == 1 })
-	counter.take()
-	if err := l1.Release(ctx); err != nil {
-		t.Fatalf("Release: %v", err)
-	}
-	r := <-second
-	if r.err != nil {
-		t.Fatalf("third waiter: %v", r.err)
-	}
-	defer r.l.Release(context.Background())
-	delete(r.ops, opPing)
-	if len(r.ops) != 0 {
-		t.Fatalf("requests of the third waiter after its predecessor's release: got %v (by opcode), want none", r.ops)
+			release := func(l *dlock.Lease) {
+				t.Helper()
+				if err := l.Release(ctx); err != nil {
+					t.Fatalf("Release: %v", err)
+				}
+			}
+			next := func(i int) *dlock.Lease {
+				t.Helper()
+				l := <-leases[i]
+				if l == nil {
+					t.FailNow()
+				}
+				return l
+			}
+			release(holder)
+			l := next(0)
+			if ahead == 2 {
+				// The node before its predecessor is gone: it lists the
+				// queue once and finds its predecessor at the head.
+				release(l)
+				l = next(1)
+				waitOps(t, counter, func(ops map[int32]int) bool { return ops[opChildren] == 1 })
+				counter.take()
+			}
+			release(l)
+			r := <-last
+			if r.err != nil {
+				t.Fatalf("last waiter: %v", r.err)
+			}
+			defer r.l.Release(context.Background())
+			delete(r.ops, opPing)
+			if len(r.ops) != 0 {
+				t.Fatalf("requests of the last waiter since it was second in line: got %v (by opcode), want none", r.ops)
+			}
+		})
 	}
 }
 
