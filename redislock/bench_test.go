@@ -24,8 +24,8 @@ import (
 // The target is BenchmarkAcquireRelease ≥ 0.9× the ops/s of
 // BenchmarkRawSetNXRelease. BenchmarkFencedFloor shows what fencing
 // itself costs: the least a lock with this package's fencing tokens can do.
-// The three also report client-cpu-µs and server-µs per operation (see
-// cost in cost_test.go): the work each side does, which the load of a
+// The three also report client-cpu-µs and server-cpu-µs per operation
+// (see cost in cost_test.go): the work each side does, which the load of a
 // shared machine moves far less than ns/op.
 
 // BenchmarkAcquireRelease is an uncontended Acquire + Release through
@@ -39,7 +39,7 @@ func BenchmarkAcquireRelease(b *testing.B) {
 	ctx := context.Background()
 	k := key(b)
 	b.ReportAllocs()
-	cost := startCost(b, rdb)
+	cost := startCost(b)
 	for b.Loop() {
 		l, err := c.Acquire(ctx, k)
 		if err != nil {
@@ -102,7 +102,7 @@ func BenchmarkRawSetNXRelease(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.ReportAllocs()
-	cost := startCost(b, rdb)
+	cost := startCost(b)
 	for b.Loop() {
 		token := rand.Text()
 		ok, err := rdb.SetArgs(ctx, k, token, redis.SetArgs{Mode: "NX", TTL: 30 * time.Second}).Result()
@@ -128,7 +128,7 @@ func BenchmarkFencedFloor(b *testing.B) {
 	lock := "{" + key(b) + "}"
 	keys := []string{lock, lock + ":fence"}
 	b.ReportAllocs()
-	cost := startCost(b, rdb)
+	cost := startCost(b)
 	for b.Loop() {
 		token := rand.Text()
 		v, err := fencedfloor.Acquire.Run(ctx, rdb, keys, token, 30000).Slice()

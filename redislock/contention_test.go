@@ -42,6 +42,8 @@ import (
 //	ideal-ms     the ideal FIFO wait: workers × mean cycle (elapsed time /
 //	             acquisitions)
 //	p99/ideal    their ratio (target ≤ 2)
+//	server-cpu-µs/acq  the redis-server's CPU time per acquisition (all
+//	             its threads; commands, scripts, heartbeats, network I/O)
 //	subs         SUBSCRIBE/UNSUBSCRIBE commands the server ran during the
 //	             measured part (INFO commandstats; pub/sub commands bypass
 //	             go-redis hooks): the wake channels are subscribed during
@@ -153,6 +155,7 @@ func contention(b *testing.B, mk newWorker) {
 		hooks[i].n.Store(0)
 	}
 	subsBefore := pubsubCommands(b, admin)
+	serverBefore := threadsCPU(b, srv.PID())
 
 	var (
 		started  atomic.Int64
@@ -210,6 +213,7 @@ func contention(b *testing.B, mk newWorker) {
 		b.Fatal(err)
 	}
 	subs := pubsubCommands(b, admin) - subsBefore
+	server := threadsCPU(b, srv.PID()) - serverBefore
 
 	acq, reqs := 0, int64(0)
 	var sum, sumSq float64
@@ -250,4 +254,5 @@ func contention(b *testing.B, mk newWorker) {
 	b.ReportMetric(float64(p99)/float64(ideal), "p99/ideal")
 	b.ReportMetric(float64(subs), "subs")
 	b.ReportMetric(float64(acq)/elapsed.Seconds(), "acq/s")
+	b.ReportMetric(float64(server.Nanoseconds())/1e3/float64(acq), "server-cpu-µs/acq")
 }
