@@ -95,8 +95,9 @@
 // position while the predecessor holds the lock; if the predecessor now
 // heads the queue, its deletion is the grant, with no request after it.
 // Otherwise (a waiter ahead gave up) the re-read happens after the
-// predecessor's deletion. A re-read is serializable (no round of
-// consensus) and accepted only if it reflects the deletion's revision. The
+// predecessor's deletion. A re-read is one Range (the waiter's entry and
+// the two ahead of it), serializable (no round of consensus) and accepted
+// only if it reflects the deletion's revision. The
 // watches start at the server's current revision: etcd serves watches that
 // start in the past from its history only every 100 ms, which caps
 // concurrency.Mutex at about ten hand-offs per second per waiter; a
