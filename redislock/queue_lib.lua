@@ -35,28 +35,34 @@ local function hand_off(lock, counter, q, hb, self, ttl, claim, wake, now_us, no
   if dead['err'] then
     return nil, nil, wrong(hb)
   end
-  local n = redis.pcall('ZCARD', q)
-  if type(n) == 'table' and n['err'] then
+  local first = redis.pcall('ZRANGE', q, 0, 0)
+  if first['err'] then
     return nil, nil, wrong(q)
   end
-  local t = redis.call('TYPE', counter)['ok']
-  if t ~= 'none' and t ~= 'string' then
-    return nil, nil, wrong(counter)
+  if not first[1] then
+    -- Nobody queued: drop heartbeats left behind.
+    if #dead > 0 then
+      redis.call('ZREM', hb, unpack(dead))
+    end
+    return nil
   end
+  -- Someone may be served: the fence first, so that a counter of another
+  -- type leaves everything as it was (an unused fence is harmless).
+  local fence, err = new_fence(counter, now_us)
+  if not fence then
+    return nil, nil, err
+  end
+  local head = first[1]
   if #dead > 0 then
     redis.call('ZREM', q, unpack(dead))
     redis.call('ZREM', hb, unpack(dead))
+    head = redis.call('ZRANGE', q, 0, 0)[1]
   end
-  while true do
-    local head = redis.call('ZRANGE', q, 0, 0)[1]
-    if not head then
-      return nil
-    end
+  while head do
     local d = tonumber(redis.call('ZSCORE', hb, head))
     redis.call('ZREM', q, head)
     redis.call('ZREM', hb, head)
     if d and d >= now_ms then
-      local fence = new_fence(counter, now_us)
       local token = string.sub(head, IDLEN + 1)
       if head == self then
         redis.call('HSET', lock, 'owner', token, 'count', 1, 'fence', fmt(fence), 'q', 1)
@@ -70,7 +76,9 @@ local function hand_off(lock, counter, q, hb, self, ttl, claim, wake, now_us, no
       end
       return head, fence
     end
+    head = redis.call('ZRANGE', q, 0, 0)[1]
   end
+  return nil
 end
 
 -- free_lock frees a lock whose last hold was given up: it goes to the first
