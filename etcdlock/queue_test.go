@@ -125,6 +125,17 @@ func newCountedCli(t testing.TB) (*callCounter, *clientv3.Client) {
 	return counter, cli
 }
 
+// newCountedClient returns a dlock.Client (TTL 10s) on an etcdlock Backend
+// over a newCountedCli connection, closed when the test ends, and the
+// counter of that connection's calls.
+func newCountedClient(t testing.TB) (*callCounter, *dlock.Client) {
+	t.Helper()
+	counter, cli := newCountedCli(t)
+	c := dlock.New(etcdlock.New(cli), dlock.WithTTL(10*time.Second))
+	t.Cleanup(func() { c.Close() })
+	return counter, c
+}
+
 func (c *callCounter) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
 	s, err := streamer(ctx, desc, cc, method, opts...)
 	if err != nil {
@@ -200,9 +211,7 @@ func TestThirdInLineGrantedWithoutRead(t *testing.T) {
 	}()
 	waitFor(t, 10*time.Second, "first waiter queued", func() bool { return entries(t, cli, key) == 2 })
 
-	counter, cli2 := newCountedCli(t)
-	c2 := dlock.New(etcdlock.New(cli2), dlock.WithTTL(10*time.Second))
-	t.Cleanup(func() { c2.Close() })
+	counter, c2 := newCountedClient(t)
 	type result struct {
 		l     *dlock.Lease
 		calls map[string]int // calls from the first waiter's release on
@@ -256,9 +265,7 @@ func TestWaitReusesEntryWatches(t *testing.T) {
 	key := uniqueKey(t)
 	cli := newCli(t, srv.Endpoints())
 	hc, _ := newClient(t, srv.Endpoints())
-	counter, wcli := newCountedCli(t)
-	wc := dlock.New(etcdlock.New(wcli), dlock.WithTTL(10*time.Second))
-	t.Cleanup(func() { wc.Close() })
+	counter, wc := newCountedClient(t)
 	ctx := ctxT(t, time.Minute)
 	for round := range 2 {
 		holder, err := hc.Acquire(ctx, key)
@@ -356,9 +363,7 @@ func TestIdleEntryWatchExpires(t *testing.T) {
 	key := uniqueKey(t)
 	cli := newCli(t, srv.Endpoints())
 	hc, _ := newClient(t, srv.Endpoints())
-	counter, wcli := newCountedCli(t)
-	wc := dlock.New(etcdlock.New(wcli), dlock.WithTTL(10*time.Second))
-	t.Cleanup(func() { wc.Close() })
+	counter, wc := newCountedClient(t)
 	ctx := ctxT(t, time.Minute)
 	holder, err := hc.Acquire(ctx, key)
 	if err != nil {
