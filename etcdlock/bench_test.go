@@ -18,6 +18,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/etcdlock"
+	"github.com/dlock-go/dlock/internal/testserver"
 )
 
 // BenchmarkHandoff measures lock hand-offs per second with n goroutines
@@ -234,22 +235,9 @@ type etcdMetrics struct {
 	cliCPU   float64            // CPU seconds of this (the clients') process
 }
 
-// cpuSeconds returns the user+system CPU time of process pid from
-// /proc/PID/stat (Linux; 0 elsewhere).
-func cpuSeconds(pid int) float64 {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	_, rest, _ := strings.Cut(string(raw), ") ")
-	f := strings.Fields(rest)
-	if len(f) < 13 {
-		return 0
-	}
-	u, _ := strconv.ParseFloat(f[11], 64)
-	s, _ := strconv.ParseFloat(f[12], 64)
-	return (u + s) / 100 // USER_HZ
-}
+// cpuSeconds returns the CPU time process pid has used, in seconds
+// (testserver.CPUTime; 0 outside Linux).
+func cpuSeconds(pid int) float64 { return testserver.CPUTime(pid).Seconds() }
 
 // scrape reads the test server's counters; on failure the figures are
 // zero (they are informative only).

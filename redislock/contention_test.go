@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/testserver"
 	"github.com/dlock-go/dlock/redislock"
 )
 
@@ -155,7 +156,7 @@ func contention(b *testing.B, mk newWorker) {
 		hooks[i].n.Store(0)
 	}
 	subsBefore := pubsubCommands(b, admin)
-	serverBefore := threadsCPU(b, srv.PID())
+	serverBefore := testserver.CPUTime(srv.PID())
 
 	var (
 		started  atomic.Int64
@@ -213,7 +214,7 @@ func contention(b *testing.B, mk newWorker) {
 		b.Fatal(err)
 	}
 	subs := pubsubCommands(b, admin) - subsBefore
-	server := threadsCPU(b, srv.PID()) - serverBefore
+	server := testserver.CPUTime(srv.PID()) - serverBefore
 
 	acq, reqs := 0, int64(0)
 	var sum, sumSq float64

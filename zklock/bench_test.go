@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/testserver"
 	"github.com/dlock-go/dlock/zklock"
 	"github.com/go-zookeeper/zk"
 )
@@ -277,19 +278,6 @@ func (m *zkMetrics) per(n int64) string {
 		m.requests/f, m.fsyncs/f, m.fsyncMs/f, m.srvCPU*1e3/f, m.cliCPU*1e3/f)
 }
 
-// cpuSeconds returns the user+system CPU time of process pid from
-// /proc/PID/stat (Linux; 0 elsewhere).
-func cpuSeconds(pid int) float64 {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	_, rest, _ := strings.Cut(string(raw), ") ")
-	f := strings.Fields(rest)
-	if len(f) < 13 {
-		return 0
-	}
-	u, _ := strconv.ParseFloat(f[11], 64)
-	s, _ := strconv.ParseFloat(f[12], 64)
-	return (u + s) / 100 // USER_HZ
-}
+// cpuSeconds returns the CPU time process pid has used, in seconds
+// (testserver.CPUTime; 0 outside Linux).
+func cpuSeconds(pid int) float64 { return testserver.CPUTime(pid).Seconds() }

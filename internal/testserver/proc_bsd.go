@@ -18,3 +18,6 @@ func holdsListener(pid, port int) (bool, error) { return true, nil }
 
 // waitStopped cannot tell without /proc: it returns at once.
 func waitStopped(pid int, timeout time.Duration) {}
+
+// CPUTime cannot tell without /proc: it returns 0.
+func CPUTime(pid int) time.Duration { return 0 }

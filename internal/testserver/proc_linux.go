@@ -101,3 +101,27 @@ func allStopped(pid int) bool {
 	}
 	return true
 }
+
+// CPUTime returns the CPU time process pid has used so far, every thread
+// included (the sum of /proc/PID/task/TID/schedstat, in nanoseconds), for
+// benchmarks that report the CPU a server or the test process spends per
+// operation. It returns 0 when /proc cannot tell (and outside Linux).
+func CPUTime(pid int) time.Duration {
+	dir := fmt.Sprintf("/proc/%d/task", pid)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return 0
+	}
+	var sum time.Duration
+	for _, e := range ents {
+		b, err := os.ReadFile(dir + "/" + e.Name() + "/schedstat")
+		if err != nil {
+			continue // the thread ended
+		}
+		f, _, _ := strings.Cut(string(b), " ")
+		if ns, err := strconv.ParseInt(f, 10, 64); err == nil {
+			sum += time.Duration(ns)
+		}
+	}
+	return sum
+}

@@ -37,3 +37,6 @@ func holdsListener(pid, port int) (bool, error) { return true, nil }
 
 // waitStopped has nothing to wait for: pause is not supported.
 func waitStopped(pid int, timeout time.Duration) {}
+
+// CPUTime cannot tell without /proc: it returns 0.
+func CPUTime(pid int) time.Duration { return 0 }
