@@ -404,6 +404,13 @@ func faultFindings(evs []Event, leases []*lease, ttl time.Duration) []FaultFindi
 				w.Why = "the paused process held no lease"
 				break
 			}
+			// The injector learns who holds the lock from the workers'
+			// output, so the stop can land just after the holder began to
+			// release it; the next grant then proves nothing.
+			if l := ownerLease(leases, w.Owner, w.StartNs); l != nil && l.released && l.csEnd <= w.StartNs {
+				w.Why = "the holder had begun its release before it was stopped"
+				break
+			}
 			for _, l := range leases {
 				if l.Owner != w.Owner && l.GrantedNs > w.StartNs && l.GrantedNs <= w.EndNs {
 					w.Effective = true
@@ -441,6 +448,17 @@ func faultFindings(evs []Event, leases []*lease, ttl time.Duration) []FaultFindi
 		out = append(out, w)
 	}
 	return out
+}
+
+// ownerLease returns the last lease of owner granted by ns, or nil.
+func ownerLease(leases []*lease, owner string, ns int64) *lease {
+	var last *lease
+	for _, l := range leases {
+		if l.Owner == owner && l.GrantedNs <= ns && (last == nil || l.GrantedNs > last.GrantedNs) {
+			last = l
+		}
+	}
+	return last
 }
 
 func leaseFence(leases []*lease, owner string) uint64 {

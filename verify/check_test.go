@@ -368,6 +368,18 @@ func TestCheckValidity(t *testing.T) {
 			}
 		}
 	})
+	t.Run("pause after the holder began its release", func(t *testing.T) {
+		// A began its release at 100 ms; B's grant at 210 ms follows the
+		// release, not the pause.
+		evs := append(quiet(slices.Clone(base), 1, 2), pause("A", 120, 250))
+		f := check(t, evs, verify.FaultPause)
+		if len(f.Faults) != 1 || f.Faults[0].Effective {
+			t.Fatalf("got faults %+v, want one ineffective pause", f.Faults)
+		}
+		if f.Verdict() != "INVALID" || !strings.Contains(strings.Join(f.Invalid, ";"), "never had an effect") {
+			t.Errorf("got %s %q, want INVALID: never had an effect", f.Verdict(), f.Invalid)
+		}
+	})
 	t.Run("negative control saw nothing", func(t *testing.T) {
 		evs := append(quiet(slices.Clone(base), 1, 2), pause("A", 50, 250),
 			rw("w2.0", verify.OpRead, verify.ResourceNaive, verify.OutcomeOK, "B", 11, 0, 220, 221),

@@ -78,6 +78,10 @@
 // worker. It is INVALID — not passed — when a requested fault never had its
 // effect (a pause that never caught a holder, a restart no worker noticed)
 // or when, under pauses, the naive register showed no violation at all.
+// A pause has its effect when another owner was granted the lock while
+// the holder was stopped, and the holder had not begun its release before
+// the stop (the injector learns who holds the lock from the workers'
+// output, so a stop can land just after a release).
 // A server outage (restart, server pause, proxy blackhole) has its effect
 // when a lock operation failed, or one invoked during the outage waited
 // for its end (clients that retry, as etcd's and ZooKeeper's do), or — on
