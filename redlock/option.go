@@ -77,7 +77,9 @@ func (c *config) timeout(ttl time.Duration) time.Duration {
 // of 500ms and more. A d ≤ 0 is an ErrInvalidOption error. Keep it well
 // below the TTL: an acquisition that needs the slowest node of a quorum
 // spends up to 2×d (acquire, then fence write-back) of the lease's
-// validity.
+// validity. A batch of refreshes (the Client's watchdog renews the leases
+// due together in one RefreshMany) gives each node d plus 250µs per lease
+// in the batch.
 func WithNodeTimeout(d time.Duration) Option {
 	return func(c *config) error {
 		if d <= 0 {

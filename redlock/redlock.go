@@ -783,10 +783,22 @@ func (b *Backend) refreshOutcome(r dlock.Request, start, deadline time.Time, tim
 
 func isNotHeld(err error) bool { return errors.Is(err, dlock.ErrNotHeld) }
 
+// refreshAllowance is the time RefreshMany allows a node for each
+// refresh of a batch, on top of the node timeout: several times what a
+// refresh costs end to end (30–70 µs per request on a loopback machine
+// whose 2 cores five servers and the client share; 160 µs with the race
+// detector), so that a batch of thousands of leases is not failed by a
+// timeout meant for one call. Waiting longer costs little: the fan-out
+// ends as soon as a quorum has answered, and the watchdog's context ends
+// the batch by the earliest expiry in it.
+const refreshAllowance = 250 * time.Microsecond
+
 // RefreshMany implements dlock.BatchRefresher: each node refreshes every
 // request in one pipeline (redislock's RefreshMany), the nodes
 // concurrently, so a batch costs one round trip per node in parallel. Each
-// request's result is decided as by Refresh.
+// request's result is decided as by Refresh, except that the node timeout
+// grows by 250µs per request in the batch: 3,000 leases get the node
+// timeout plus 750ms.
 func (b *Backend) RefreshMany(ctx context.Context, rs []dlock.Request) []error {
 	out := make([]error, len(rs))
 	var idx []int
@@ -806,6 +818,10 @@ func (b *Backend) RefreshMany(ctx context.Context, rs []dlock.Request) []error {
 	if len(sub) == 0 {
 		return out
 	}
+	// A node runs the batch's refreshes one after another: give it the
+	// node timeout plus refreshAllowance for each. The validity of each
+	// refreshed lease counts the time the batch took.
+	timeout += time.Duration(len(sub)) * refreshAllowance
 	start := time.Now()
 	deadline := start.Add(timeout)
 	judge := func(ans []answer[[]error], pending int) (met, hopeless bool) {

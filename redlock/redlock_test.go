@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -849,5 +850,130 @@ func TestFloorAgreement(t *testing.T) {
 	t.Logf("%d of 20 acquisitions needed no write-back", agreed)
 	if agreed == 0 {
 		t.Fatalf("every acquisition wrote the fence back, want the nodes to agree on the floor")
+	}
+}
+
+// TestRefreshManyLargeBatch: a batch far larger than what a node can
+// refresh within the node timeout still succeeds: the timeout of a batch
+// grows with its size (the lease validity counts the time it took).
+func TestRefreshManyLargeBatch(t *testing.T) {
+	if testing.Short() {
+		t.Skip("takes a few thousand locks")
+	}
+	n := 3000
+	if raceEnabled {
+		n = 1000 // still several node timeouts per batch
+	}
+	b := newBackend(t) // the default node timeout: 50ms for this TTL
+	base := key(t)
+	rs := make([]dlock.Request, n)
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < n; i += 8 {
+				r := req(base+strconv.Itoa(i), time.Minute)
+				g, err := b.TryAcquire(ctxT(t, 10*time.Second), r)
+				if err != nil || !g.OK {
+					t.Errorf("TryAcquire %d: got %+v, %v, want a grant", i, g, err)
+					return
+				}
+				r.Fence = g.Fence
+				rs[i] = r
+			}
+		}()
+	}
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	t.Cleanup(func() {
+		for _, r := range rs {
+			b.Release(ctxT(t, 10*time.Second), r)
+		}
+	})
+	start := time.Now()
+	errs := b.RefreshMany(ctxT(t, 30*time.Second), rs)
+	failed := 0
+	for i, err := range errs {
+		if err != nil {
+			if failed == 0 {
+				t.Errorf("request %d: got %v, want nil", i, err)
+			}
+			failed++
+		}
+	}
+	if failed > 0 {
+		t.Errorf("%d of %d refreshes failed", failed, n)
+	}
+	t.Logf("refreshed %d locks on %d nodes in %v", n, len(nodes), time.Since(start))
+}
+
+// TestManyLeasesAutoRenew: one Client holds 3,000 Redlock leases with the
+// watchdog for three TTLs; none may be lost. Each renewal tick refreshes
+// them all in one batch per node, which takes longer than the node
+// timeout meant for one call (TestRefreshManyLargeBatch).
+func TestManyLeasesAutoRenew(t *testing.T) {
+	if testing.Short() {
+		t.Skip("holds a few thousand locks for seconds")
+	}
+	const ttl = 2 * time.Second
+	n := 3000
+	if raceEnabled {
+		// The race detector slows the client about tenfold; 1,000 leases
+		// still take several node timeouts per batch.
+		n = 1000
+	}
+	c := newClient(t, nil, dlock.WithTTL(ttl))
+	base := key(t)
+	leases := make([]*dlock.Lease, n)
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < n; i += 8 {
+				// An acquisition that a loaded node answered too late for
+				// fails (the quorum was not reached in time): try again.
+				ctx := ctxT(t, 30*time.Second)
+				for leases[i] == nil {
+					l, err := c.Acquire(ctx, base+strconv.Itoa(i))
+					if err != nil && ctx.Err() != nil {
+						t.Errorf("Acquire %d: %v", i, err)
+						return
+					}
+					leases[i] = l
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	t.Cleanup(func() {
+		for _, l := range leases {
+			l.Release(ctxT(t, 10*time.Second))
+		}
+	})
+	hold := time.NewTimer(3 * ttl)
+	defer hold.Stop()
+	select {
+	case <-hold.C:
+	case <-leases[0].Done(): // the first-acquired lease renews first
+		t.Fatalf("lease lost during the hold: %v", leases[0].Err())
+	}
+	lost := 0
+	for _, l := range leases {
+		if err := l.Err(); err != nil {
+			if lost == 0 {
+				t.Errorf("lease %q: %v", l.Key(), err)
+			}
+			lost++
+		}
+	}
+	if lost > 0 {
+		t.Errorf("%d of %d leases lost", lost, n)
 	}
 }
