@@ -728,8 +728,9 @@ func TestDelayedRestartRule(t *testing.T) {
 	t.Run("ImmediateRestartBreaksExclusion", func(t *testing.T) {
 		k := key(t)
 		restore34 := kill.apply(t, 3, 4)
+		invoke := time.Now()
 		ra := acquire(t, a, k, 10*time.Second) // on nodes 0, 1, 2
-		validUntil := time.Now().Add(10*time.Second - redlock.Drift(10*time.Second))
+		validUntil := invoke.Add(10*time.Second - redlock.Drift(10*time.Second))
 		if err := nodes[2].Restart(); err != nil { // at once, empty
 			t.Fatal(err)
 		}
@@ -752,8 +753,12 @@ func TestDelayedRestartRule(t *testing.T) {
 		k := key(t)
 		const ttl = 500 * time.Millisecond
 		restore34 := kill.apply(t, 3, 4)
+		// The lease is valid for TTL − drift from the acquisition's invoke
+		// (the nodes set their keys after it), not from its return: on a
+		// loaded machine the acquisition takes a good part of the TTL.
+		invoke := time.Now()
 		ra := acquire(t, a, k, ttl) // on nodes 0, 1, 2
-		validUntil := time.Now().Add(ttl - redlock.Drift(ttl))
+		validUntil := invoke.Add(ttl - redlock.Drift(ttl))
 		restore2 := kill.apply(t, 2) // stays out until ra expired
 		restore34()
 		for time.Now().Before(validUntil) {
