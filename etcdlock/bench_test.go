@@ -4,8 +4,12 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"maps"
+	"net"
 	"net/http"
 	"os"
+	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -14,7 +18,10 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/etcdlock"
@@ -295,6 +302,15 @@ func (m *etcdMetrics) requests() float64 {
 	return n
 }
 
+// counts formats m's gRPC message counts by method.
+func (m *etcdMetrics) counts() string {
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(m.rpcs)) {
+		parts = append(parts, fmt.Sprintf("%s %.0f", k, m.rpcs[k]))
+	}
+	return strings.Join(parts, ", ")
+}
+
 // per formats m divided by n grants.
 func (m *etcdMetrics) per(n int64) string {
 	if n == 0 {
@@ -326,4 +342,215 @@ func median(xs []float64) float64 {
 		return s[n/2]
 	}
 	return (s[n/2-1] + s[n/2]) / 2
+}
+
+// BenchmarkManyHeld holds many leases through one dlock.Client (auto-renew,
+// TTL 10 s) on one Backend, like the bench module's S5, and reports per
+// lease the heap growth and goroutines, and the round trips the client
+// sends per 1,000 leases per renewal tick (TTL/3) while it holds them,
+// counted on its sockets as S5 does (a write after a read is one round
+// trip). It runs twice in the same conditions: with the Backend's one
+// prefix watch for many held locks (production), then with a deletion
+// watch per held lock (the threshold raised above N), and checks that no
+// lease was lost.
+//
+//	go test -run '^$' -bench ManyHeld -benchtime 1x
+//
+// MANYHELD_N sets the number of leases (default 10,000), MANYHELD_HOLD how
+// long they are held (default 10 s: three ticks); MANYHELD_HEAPPROF a file
+// to write a heap profile to once they are all held (add
+// -memprofilerate=512 for a detailed one).
+func BenchmarkManyHeld(b *testing.B) {
+	n := 10_000
+	if v := os.Getenv("MANYHELD_N"); v != "" {
+		var err error
+		if n, err = strconv.Atoi(v); err != nil || n < 1 {
+			b.Fatalf("MANYHELD_N=%q: want a positive integer", v)
+		}
+	}
+	hold := 10 * time.Second
+	if v := os.Getenv("MANYHELD_HOLD"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			b.Fatalf("MANYHELD_HOLD=%q: want a positive duration", v)
+		}
+		hold = d
+	}
+	for _, mode := range []struct {
+		name string
+		min  int
+	}{{"prefix-watch", etcdlock.PrefixWatchMin()}, {"per-lock-watches", n + 1}} {
+		b.Run(mode.name, func(b *testing.B) {
+			restore := etcdlock.SetPrefixWatchMin(mode.min)
+			defer restore()
+			benchManyHeld(b, n, hold)
+		})
+	}
+}
+
+func benchManyHeld(b *testing.B, n int, hold time.Duration) {
+	const ttl = 10 * time.Second
+	var rts atomic.Int64
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:   srv.Endpoints(),
+		DialTimeout: 5 * time.Second,
+		Logger:      zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+			var d net.Dialer
+			conn, err := d.DialContext(ctx, "tcp", addr)
+			if err != nil {
+				return nil, err
+			}
+			cc := &countConn{Conn: conn, n: &rts}
+			cc.reading.Store(true)
+			return cc, nil
+		})},
+	})
+	if err != nil {
+		b.Fatalf("clientv3.New: %v", err)
+	}
+	defer cli.Close()
+	c := dlock.New(etcdlock.New(cli), dlock.WithTTL(ttl))
+	defer c.Close()
+	prefix := uniqueKey(b) + "-"
+	// Warm up: lease, connections, watch streams.
+	if l, err := c.Acquire(context.Background(), prefix+"warm"); err != nil {
+		b.Fatalf("Acquire: %v", err)
+	} else if err := l.Release(context.Background()); err != nil {
+		b.Fatalf("Release: %v", err)
+	}
+	leases := make([]*dlock.Lease, n)
+	m0 := memNow()
+	began := time.Now()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n {
+					return
+				}
+				l, err := c.Acquire(context.Background(), fmt.Sprintf("%s%06d", prefix, i))
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				leases[i] = l
+			}
+		}()
+	}
+	wg.Wait()
+	if b.Failed() {
+		return
+	}
+	fill := time.Since(began)
+	m1 := memNow()
+	if p := os.Getenv("MANYHELD_HEAPPROF"); p != "" {
+		f, err := os.Create(p)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := pprof.WriteHeapProfile(f); err != nil {
+			b.Error(err)
+		}
+		f.Close()
+	}
+	rts.Store(0)
+	var srvDuring etcdMetrics // what the server received during the hold
+	srvDuring.rpcs = make(map[string]float64)
+	before := scrape()
+	time.Sleep(hold)
+	held := rts.Load()
+	srvDuring.add(scrape(), before)
+	lost := 0
+	for _, l := range leases {
+		select {
+		case <-l.Done():
+			lost++
+		default:
+		}
+	}
+	perTick := float64(held) / hold.Seconds() * (ttl / 3).Seconds() / (float64(n) / 1000)
+	b.Logf("%d leases (load %s): fill %.1fs, heap %.0f B/lease, stacks %.0f B/lease, %.2f goroutines/lease, %d round trips in %v = %.2f per 1,000 leases per tick, %d lost",
+		n, loadAvg(), fill.Seconds(), float64(int64(m1.heap)-int64(m0.heap))/float64(n),
+		float64(int64(m1.stack)-int64(m0.stack))/float64(n),
+		float64(m1.goroutines-m0.goroutines)/float64(n), held, hold, perTick, lost)
+	b.Logf("gRPC messages the server received during the hold (all clients): %s", srvDuring.counts())
+	b.ReportMetric(0, "ns/op")
+	b.ReportMetric(float64(int64(m1.heap)-int64(m0.heap))/float64(n), "heap-B/lease")
+	b.ReportMetric(float64(m1.goroutines-m0.goroutines)/float64(n), "goroutines/lease")
+	b.ReportMetric(perTick, "rt/1k/tick")
+	b.ReportMetric(fill.Seconds(), "fill-s")
+	if lost > 0 {
+		b.Errorf("got %d of %d leases lost, want 0", lost, n)
+	}
+	next.Store(0)
+	for range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n {
+					return
+				}
+				if err := leases[i].Release(context.Background()); err != nil {
+					b.Error(err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// countConn counts the first Write after each Read that returned data: a
+// round trip (as the bench module counts them).
+type countConn struct {
+	net.Conn
+	n       *atomic.Int64
+	reading atomic.Bool
+}
+
+func (cc *countConn) Write(p []byte) (int, error) {
+	if cc.reading.Swap(false) {
+		cc.n.Add(1)
+	}
+	return cc.Conn.Write(p)
+}
+
+func (cc *countConn) Read(p []byte) (int, error) {
+	n, err := cc.Conn.Read(p)
+	if n > 0 {
+		cc.reading.Store(true)
+	}
+	return n, err
+}
+
+type memSample struct {
+	heap, stack uint64
+	goroutines  int
+}
+
+func memNow() memSample {
+	runtime.GC()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return memSample{heap: ms.HeapAlloc, stack: ms.StackInuse, goroutines: runtime.NumGoroutine()}
+}
+
+// loadAvg returns the 1-minute load average ("?" if unknown).
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return "?"
+	}
+	return f[0]
 }

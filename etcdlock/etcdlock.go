@@ -45,10 +45,6 @@ const (
 	// background (and the entry expires with its lease anyway).
 	abandonTimeout = time.Second
 
-	// lossWatchDelay is how long after a grant the deletion watch of the
-	// lock starts (from the grant's revision); see addHold.
-	lossWatchDelay = 50 * time.Millisecond
-
 	// sweepMinDelay and sweepMaxDelay bound the pause between two passes
 	// of the background removal of orphans while some remain (see
 	// sweepLocked).
@@ -62,6 +58,13 @@ const (
 )
 
 var errClosed = fmt.Errorf("etcdlock: %w", dlock.ErrClosed)
+
+// lossWatchDelay is how long after a grant the deletion watch of the
+// lock starts (from the grant's revision); see addHold. 50 ms; a variable
+// for the tests.
+var lossWatchDelay atomic.Int64
+
+func init() { lossWatchDelay.Store(int64(50 * time.Millisecond)) }
 
 // Protocol switches: both on; the hand-off benchmark turns them off in
 // some of its runs to measure what they save (export_test.go).
@@ -125,8 +128,10 @@ type Backend struct {
 	closed   bool
 	leases   map[int64]*leaseState // live leases by TTL in seconds
 	held     map[string]*held      // granted entries by etcd key
-	slotOf   map[tokenKey]*slot    // entry names of non-reentrant requests served
-	slotUsed map[string]struct{}   // the names in slotOf
+	pw       *prefixWatch          // the deletion watch over the prefix, with many held (prefixwatch.go)
+	watching map[*held]struct{}    // held entries with a deletion watch of their own (watch.go)
+	slots    map[string]*slot      // entry names of non-reentrant requests served, by name (keys.go)
+	wide     map[string]int        // lock keys with slots above 0: 1 + the highest slot number in use
 	orphans  map[string]orphan     // entries to delete, by etcd key
 	busy     map[string]struct{}   // orphans being removed right now
 	sweeping bool                  // sweepLoop runs
@@ -174,8 +179,9 @@ func New(cli *clientv3.Client, opts ...Option) *Backend {
 		leases:   make(map[int64]*leaseState),
 		id:       rand.Text(),
 		held:     make(map[string]*held),
-		slotOf:   make(map[tokenKey]*slot),
-		slotUsed: make(map[string]struct{}),
+		watching: make(map[*held]struct{}),
+		slots:    make(map[string]*slot),
+		wide:     make(map[string]int),
 		orphans:  make(map[string]orphan),
 		busy:     make(map[string]struct{}),
 		kick:     make(chan struct{}, 1),
@@ -465,9 +471,8 @@ func (b *Backend) abandon(ctx context.Context, key, name string, fence int64, re
 func (b *Backend) retireSlot(r dlock.Request, name string, fence int64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if s := b.slotOf[tokenKey{r.Key, r.Token}]; s != nil && s.name == name {
-		delete(b.slotOf, tokenKey{r.Key, r.Token})
-		delete(b.slotUsed, name)
+	if s := b.slots[name]; s != nil && s.token == r.Token {
+		b.freeSlotLocked(r.Key, name)
 	}
 	if _, ok := b.orphans[name]; !ok {
 		b.orphanLocked(name, fence, 1)
@@ -537,13 +542,14 @@ func (b *Backend) RefreshMany(ctx context.Context, rs []dlock.Request) []error {
 		secs[i], errs[i] = b.check(r)
 	}
 	groups := make(map[*leaseState][]int)
+	hs := make([]*held, len(rs)) // the holds renewed by their lease
 	var slow []int
 	b.mu.Lock()
 	for i, r := range rs {
 		if errs[i] != nil {
 			continue
 		}
-		h := b.held[b.nameOfLocked(r.Key, r.Token)]
+		h := b.heldLocked(r.Key, r.Token)
 		switch {
 		case h == nil || h.fence != fenceRev(r.Fence):
 			slow = append(slow, i)
@@ -553,6 +559,7 @@ func (b *Backend) RefreshMany(ctx context.Context, rs []dlock.Request) []error {
 			slow = append(slow, i)
 		default:
 			groups[h.lease] = append(groups[h.lease], i)
+			hs[i] = h
 		}
 	}
 	if len(b.orphans) > 0 {
@@ -591,7 +598,7 @@ func (b *Backend) RefreshMany(ctx context.Context, rs []dlock.Request) []error {
 	b.mu.Lock()
 	for ls, idx := range groups {
 		for _, i := range idx {
-			if h := b.held[b.nameOfLocked(rs[i].Key, rs[i].Token)]; errs[i] == nil && h != nil && h.lease == ls && h.lost != nil {
+			if h := hs[i]; errs[i] == nil && h.lease == ls && h.lost != nil {
 				errs[i] = h.lost
 			}
 		}
@@ -695,7 +702,7 @@ func (b *Backend) Release(ctx context.Context, r dlock.Request) error {
 	var count int
 	var mod int64
 	if h != nil {
-		count, mod = h.count, h.mod
+		count, mod = int(h.count), h.mod
 		if h.claims <= 1 {
 			h.releasing = true // our own deletion is not a loss
 		}
@@ -723,7 +730,7 @@ func (b *Backend) Release(ctx context.Context, r dlock.Request) error {
 		switch {
 		case err == nil && !deleted:
 			if mod > h.mod {
-				h.count, h.mod = n, mod
+				h.setCount(n, mod)
 			}
 		case gone && h.claims > 0:
 			// The entry vanished under other holds of the same owner.
@@ -733,9 +740,7 @@ func (b *Backend) Release(ctx context.Context, r dlock.Request) error {
 			b.sweepLocked()
 		}
 		if gone || h.claims <= 0 {
-			b.stopWatchLocked(h)
-			delete(b.held, name)
-			b.unclaimLocked(h.key, h.token, name)
+			b.dropHoldLocked(h)
 		}
 	}
 	b.mu.Unlock()

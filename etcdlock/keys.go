@@ -35,25 +35,29 @@ import (
 // Backend does not use for that lock at the moment (usually 0). A Backend
 // taking the same lock again and again reuses one etcd key, as
 // concurrency.Mutex does with its session's lease. The Backend remembers
-// which slot each (key, token) pair it serves has (see nameOf).
+// which slot each (key, token) pair it serves has (see slot and nameOf).
 
 // escapeKey makes key usable as one element of an etcd key path.
 func escapeKey(key string) string {
 	if !strings.ContainsAny(key, "%/") {
 		return key
 	}
-	var b strings.Builder
+	return string(appendEscaped(make([]byte, 0, len(key)+8), key))
+}
+
+// appendEscaped appends escapeKey(key) to buf.
+func appendEscaped(buf []byte, key string) []byte {
 	for i := 0; i < len(key); i++ {
 		switch c := key[i]; c {
 		case '%':
-			b.WriteString("%25")
+			buf = append(buf, "%25"...)
 		case '/':
-			b.WriteString("%2F")
+			buf = append(buf, "%2F"...)
 		default:
-			b.WriteByte(c)
+			buf = append(buf, c)
 		}
 	}
-	return b.String()
+	return buf
 }
 
 // tokenID names a token's entry: 128 bits of its SHA-256, in hex.
@@ -73,15 +77,38 @@ func (b *Backend) entryName(key, token string) string {
 	return b.dir(key) + tokenID(token)
 }
 
-// tokenKey identifies a request: lock key and owner token.
-type tokenKey struct{ key, token string }
-
-// slot is the entry name of a non-reentrant token, with the number of the
-// token's acquisitions in flight and holds using it (more than one only
-// when a token is used twice at once, which fails).
+// slot is an entry name of the Backend in use by a non-reentrant token,
+// with the number of the token's acquisitions in flight and holds using
+// it (more than one only when a token is used twice at once, which
+// fails). Backend.slots maps the names to their slots; the slot of a
+// (key, token) pair is found by trying the names of the lock's directory
+// in order (usually only number 0: see Backend.wide), which keeps the
+// memory per held lock small (a Backend may hold 100,000 locks).
 type slot struct {
-	name string
-	refs int
+	token string
+	refs  int
+}
+
+// appendSlotName appends the name of the Backend's slot i in the
+// directory of the lock key to buf.
+func (b *Backend) appendSlotName(buf []byte, key string, i int) []byte {
+	buf = appendEscaped(append(buf, b.prefix...), key)
+	buf = append(buf, '/')
+	buf = append(buf, b.id...)
+	buf = append(buf, '.')
+	return strconv.AppendInt(buf, int64(i), 10)
+}
+
+// slotLocked returns the slot of (key, token), if it has one, and its
+// name appended to buf[:0]. b.mu must be held.
+func (b *Backend) slotLocked(buf []byte, key, token string) ([]byte, *slot) {
+	for i := range max(b.wide[key], 1) {
+		name := b.appendSlotName(buf[:0], key, i)
+		if s := b.slots[string(name)]; s != nil && s.token == token {
+			return name, s
+		}
+	}
+	return nil, nil
 }
 
 // claimName returns the entry name for a new acquisition by r: the token's
@@ -91,24 +118,25 @@ func (b *Backend) claimName(r dlock.Request) string {
 	if r.Reentrant {
 		return b.entryName(r.Key, r.Token)
 	}
-	tk := tokenKey{r.Key, r.Token}
+	var buf [128]byte
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if s := b.slotOf[tk]; s != nil {
+	if name, s := b.slotLocked(buf[:0], r.Key, r.Token); s != nil {
 		s.refs++
-		return s.name // the same token twice at once: the entry tells
+		return string(name) // the same token twice at once: the entry tells
 	}
-	dir := b.dir(r.Key)
 	for i := 0; ; i++ {
-		name := dir + b.id + "." + strconv.Itoa(i)
-		if _, used := b.slotUsed[name]; used {
+		name := string(b.appendSlotName(buf[:0], r.Key, i))
+		if b.slots[name] != nil || b.held[name] != nil {
 			continue
 		}
-		if _, orphaned := b.orphans[name]; orphaned || b.held[name] != nil {
+		if _, orphaned := b.orphans[name]; orphaned {
 			continue
 		}
-		b.slotOf[tk] = &slot{name: name, refs: 1}
-		b.slotUsed[name] = struct{}{}
+		b.slots[name] = &slot{token: r.Token, refs: 1}
+		if i > 0 {
+			b.wide[r.Key] = max(b.wide[r.Key], i+1)
+		}
 		return name
 	}
 }
@@ -129,14 +157,31 @@ func (b *Backend) unclaim(r dlock.Request, name string) {
 // unused; an entry that may remain under it keeps it taken as an orphan.
 // b.mu must be held.
 func (b *Backend) unclaimLocked(key, token, name string) {
-	tk := tokenKey{key, token}
-	s := b.slotOf[tk]
-	if s == nil || s.name != name {
+	s := b.slots[name]
+	if s == nil || s.token != token {
 		return
 	}
 	if s.refs--; s.refs <= 0 {
-		delete(b.slotOf, tk)
-		delete(b.slotUsed, name)
+		b.freeSlotLocked(key, name)
+	}
+}
+
+// freeSlotLocked deletes the slot name of the lock key. b.mu must be
+// held.
+func (b *Backend) freeSlotLocked(key, name string) {
+	delete(b.slots, name)
+	n := b.wide[key]
+	if n == 0 {
+		return
+	}
+	var buf [128]byte
+	for n > 1 && b.slots[string(b.appendSlotName(buf[:0], key, n-1))] == nil {
+		n--
+	}
+	if n <= 1 {
+		delete(b.wide, key)
+	} else {
+		b.wide[key] = n
 	}
 }
 
@@ -151,10 +196,21 @@ func (b *Backend) nameOf(key, token string) string {
 
 // nameOfLocked is nameOf with b.mu held.
 func (b *Backend) nameOfLocked(key, token string) string {
-	if s := b.slotOf[tokenKey{key, token}]; s != nil {
-		return s.name
+	var buf [128]byte
+	if name, s := b.slotLocked(buf[:0], key, token); s != nil {
+		return string(name)
 	}
 	return b.entryName(key, token)
+}
+
+// heldLocked returns the hold of the entry nameOf(key, token) names, or
+// nil; without allocating when it is a slot. b.mu must be held.
+func (b *Backend) heldLocked(key, token string) *held {
+	var buf [128]byte
+	if name, s := b.slotLocked(buf[:0], key, token); s != nil {
+		return b.held[string(name)]
+	}
+	return b.held[b.entryName(key, token)]
 }
 
 // LockKey returns the etcd key that holds (or queues) the lock key for the

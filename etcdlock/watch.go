@@ -3,6 +3,7 @@ package etcdlock
 import (
 	"context"
 	"fmt"
+	"math"
 	"reflect"
 	"time"
 
@@ -21,17 +22,34 @@ type held struct {
 	fence int64
 	lease *leaseState
 
-	// Guarded by Backend.mu.
-	claims    int   // holds granted here and not yet released
-	count     int   // the count last read or written in the entry's value
+	// Guarded by Backend.mu. Kept small: a Backend may hold 100,000
+	// locks (128 bytes each).
+	claims    int32 // holds granted here and not yet released
+	count     int32 // the count last read or written in the entry's value
+	releasing bool  // a Release that may delete the entry is in flight
 	mod       int64 // the entry's mod revision at that read or write
 	lost      error // set once the entry is known gone
-	releasing bool  // a Release that may delete the entry is in flight
-	regs      map[uint64]func(error)
-	nextReg   uint64
-	wch       clientv3.WatchChan
-	wcancel   context.CancelFunc
-	wtimer    *time.Timer // starts the watch lossWatchDelay after the grant
+	// from: a deletion of the entry at this revision or later ends the
+	// hold (the entry was seen to exist at from-1 or later).
+	from int64
+	regs *lossReg  // NotifyLoss callbacks not fired or stopped (a list: usually one)
+	own  *ownWatch // the hold's own deletion watch, unless the prefix watch covers it
+}
+
+// ownWatch is a held lock's own deletion watch: pending (timer set) or
+// running (cancel set). Guarded by Backend.mu.
+type ownWatch struct {
+	timer  *time.Timer // starts the watch (lossWatchDelay after the grant)
+	ch     clientv3.WatchChan
+	cancel context.CancelFunc
+}
+
+// lossReg is one NotifyLoss registration, in a list. Guarded by
+// Backend.mu.
+type lossReg struct {
+	fn      func(error)
+	next    *lossReg
+	stopped bool
 }
 
 // loss is one pending loss callback; lossList is fired outside b.mu.
@@ -50,7 +68,8 @@ func (l lossList) fire() {
 
 // addHold records a grant of the entry name created at fence, and starts
 // watching it for deletion from revision from (a revision at which the
-// entry was seen to exist) lossWatchDelay later.
+// entry was seen to exist) lossWatchDelay later, unless the Backend's
+// prefix watch covers it (prefixwatch.go).
 //
 // The delay spares short holds the cost of a watch (creating and
 // cancelling one costs the server about as much as a read), which matters
@@ -75,25 +94,55 @@ func (b *Backend) addHold(name, key, token string, fence int64, ls *leaseState, 
 		h = nil
 	}
 	if h == nil {
-		h = &held{name: name, key: key, token: token, fence: fence, lease: ls, regs: make(map[uint64]func(error))}
+		h = &held{name: name, key: key, token: token, fence: fence, lease: ls, from: from}
 		b.held[name] = h
-		h.wtimer = time.AfterFunc(lossWatchDelay, func() {
-			b.mu.Lock()
-			if b.held[name] != h || h.lost != nil || h.wtimer == nil || b.closed {
-				b.mu.Unlock()
-				return
-			}
-			h.wtimer = nil
-			b.wg.Add(1)
-			b.mu.Unlock()
-			defer b.wg.Done()
-			b.startWatch(h, from)
-		})
+		if !b.coveredLocked(h) {
+			b.watchLaterLocked(h, from, time.Duration(lossWatchDelay.Load()))
+		}
+		b.prefixUpLocked()
 	}
 	h.claims++
 	if mod >= h.mod {
-		h.count, h.mod = count, mod
+		h.setCount(count, mod)
 	}
+}
+
+// setCount records the hold count read or written at revision mod. A
+// count beyond int32 (never written by dlock) is recorded as unknown, so
+// that the next change reads it first. b.mu must be held.
+func (h *held) setCount(count int, mod int64) {
+	if count > math.MaxInt32 {
+		count, mod = 0, 0
+	}
+	h.count, h.mod = int32(count), mod
+}
+
+// watchLaterLocked starts h's own deletion watch from revision from,
+// after delay. b.mu must be held.
+func (b *Backend) watchLaterLocked(h *held, from int64, delay time.Duration) {
+	o := &ownWatch{}
+	h.own = o
+	o.timer = time.AfterFunc(delay, func() {
+		b.mu.Lock()
+		if b.held[h.name] != h || h.lost != nil || h.own != o || o.timer == nil || b.closed {
+			b.mu.Unlock()
+			return
+		}
+		o.timer = nil
+		b.wg.Add(1)
+		b.mu.Unlock()
+		defer b.wg.Done()
+		b.startWatch(h, from)
+	})
+}
+
+// dropHoldLocked forgets h (released, or given up) and switches back to
+// per-lock watches if few locks remain held. b.mu must be held.
+func (b *Backend) dropHoldLocked(h *held) {
+	b.stopWatchLocked(h)
+	delete(b.held, h.name)
+	b.unclaimLocked(h.key, h.token, h.name)
+	b.prefixDownLocked()
 }
 
 // startWatch starts the deletion watch of h, served by the Backend's one
@@ -101,12 +150,17 @@ func (b *Backend) addHold(name, key, token string, fence int64, ls *leaseState, 
 // server acknowledged the watch (or h's watch was stopped meanwhile).
 func (b *Backend) startWatch(h *held, from int64) {
 	b.mu.Lock()
-	if b.closed || b.held[h.name] != h || h.lost != nil || h.wcancel != nil {
+	o := h.own
+	if b.closed || b.held[h.name] != h || h.lost != nil || (o != nil && (o.cancel != nil || o.timer != nil)) || b.coveredLocked(h) {
 		b.mu.Unlock()
 		return
 	}
+	if o == nil {
+		o = &ownWatch{}
+		h.own = o
+	}
 	ctx, cancel := context.WithCancel(b.ctx)
-	h.wcancel = cancel
+	o.cancel = cancel
 	b.mu.Unlock()
 	wch := b.cli.Watch(ctx, h.name, clientv3.WithRev(from), clientv3.WithFilterPut())
 	b.mu.Lock()
@@ -114,7 +168,8 @@ func (b *Backend) startWatch(h *held, from int64) {
 	if ctx.Err() != nil {
 		return // stopped meanwhile (released, lost or closed)
 	}
-	h.wch = wch
+	o.ch = wch
+	b.watching[h] = struct{}{}
 	if !b.looping {
 		b.looping = true
 		b.wg.Add(1)
@@ -128,14 +183,17 @@ func (b *Backend) startWatch(h *held, from int64) {
 
 // stopWatchLocked ends h's watch. b.mu must be held.
 func (b *Backend) stopWatchLocked(h *held) {
-	if h.wtimer != nil {
-		h.wtimer.Stop()
-		h.wtimer = nil
+	o := h.own
+	if o == nil {
+		return
 	}
-	if h.wcancel != nil {
-		h.wcancel()
-		h.wcancel = nil
-		h.wch = nil
+	h.own = nil
+	if o.timer != nil {
+		o.timer.Stop()
+	}
+	if o.cancel != nil {
+		o.cancel()
+		delete(b.watching, h)
 		select {
 		case b.kick <- struct{}{}:
 		default:
@@ -152,10 +210,10 @@ func (b *Backend) markLostLocked(h *held, cause error) lossList {
 	h.lost = cause
 	b.stopWatchLocked(h)
 	var l lossList
-	for id, fn := range h.regs {
-		l = append(l, loss{fn, cause})
-		delete(h.regs, id)
+	for r := h.regs; r != nil; r = r.next {
+		l = append(l, loss{r.fn, cause})
 	}
+	h.regs = nil
 	return l
 }
 
@@ -165,10 +223,11 @@ func (b *Backend) markLostLocked(h *held, cause error) lossList {
 // loss is still found by the next renewal at the latest.
 const maxSelectWatches = 60000
 
-// lossLoop is the Backend's one goroutine serving every held entry's
-// deletion watch. Each watch is its own etcd watcher on one shared gRPC
-// stream; this goroutine selects over all their channels at once
-// (reflect.Select), so holding many locks costs no goroutine per lock
+// lossLoop is the Backend's one goroutine serving the held entries' own
+// deletion watches (fewer than prefixWatchMin, unless the prefix watch
+// failed meanwhile: see prefixwatch.go). Each watch is its own etcd
+// watcher on one shared gRPC stream; this goroutine selects over all their
+// channels at once (reflect.Select), so it costs no goroutine per lock
 // here (the etcd client runs its own per-watcher goroutine regardless).
 func (b *Backend) lossLoop() {
 	defer b.wg.Done()
@@ -182,11 +241,12 @@ func (b *Backend) lossLoop() {
 		cases = append(cases[:0],
 			reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(b.ctx.Done())},
 			reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(b.kick)})
-		for _, h := range b.held { // map order: a different subset each round
-			if h.wch != nil && len(hs) < maxSelectWatches {
-				hs = append(hs, h)
-				cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(h.wch)})
+		for h := range b.watching { // map order: a different subset each round
+			if len(hs) == maxSelectWatches {
+				break
 			}
+			hs = append(hs, h)
+			cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(h.own.ch)})
 		}
 		b.mu.Unlock()
 
@@ -201,9 +261,10 @@ func (b *Backend) lossLoop() {
 		if !ok {
 			// The watch ended: cancelled by us, or the client is closing.
 			b.mu.Lock()
-			if ch := cases[i].Chan.Interface().(clientv3.WatchChan); h.wch == ch {
-				h.wcancel()
-				h.wch, h.wcancel = nil, nil
+			if o := h.own; o != nil && o.ch == cases[i].Chan.Interface().(clientv3.WatchChan) {
+				o.cancel()
+				h.own = nil
+				delete(b.watching, h)
 				if b.held[h.name] == h && h.lost == nil && !b.closed {
 					b.recheck(h)
 				}
@@ -226,7 +287,7 @@ func (b *Backend) onWatch(h *held, ch clientv3.WatchChan, resp clientv3.WatchRes
 		}
 	}
 	b.mu.Lock()
-	if h.wch != ch || b.held[h.name] != h {
+	if h.own == nil || h.own.ch != ch || b.held[h.name] != h {
 		b.mu.Unlock()
 		return
 	}
@@ -281,7 +342,7 @@ func (b *Backend) recheck(h *held) {
 			b.mu.Lock()
 			var lost lossList
 			again := false
-			if b.held[h.name] == h && h.lost == nil && h.wcancel == nil {
+			if b.held[h.name] == h && h.lost == nil && h.own == nil {
 				if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != h.fence {
 					if !h.releasing {
 						lost = b.markLostLocked(h, fmt.Errorf("etcdlock: lock %q: key %s is gone: %w", h.key, h.name, dlock.ErrNotHeld))
@@ -316,7 +377,7 @@ func (b *Backend) NotifyLoss(r dlock.Request, fn func(cause error)) (stop func()
 		return func() {}
 	}
 	b.mu.Lock()
-	h := b.held[b.nameOfLocked(r.Key, r.Token)]
+	h := b.heldLocked(r.Key, r.Token)
 	switch {
 	case h == nil || h.fence != fenceRev(r.Fence):
 		b.mu.Unlock()
@@ -328,29 +389,34 @@ func (b *Backend) NotifyLoss(r dlock.Request, fn func(cause error)) (stop func()
 		fn(cause)
 		return func() {}
 	}
-	id := h.nextReg
-	h.nextReg++
-	h.regs[id] = fn
+	reg := &lossReg{fn: fn, next: h.regs}
+	h.regs = reg
 	b.mu.Unlock()
-	var done bool
-	return func() {
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		if done {
-			return
-		}
-		done = true
-		delete(h.regs, id)
-		if len(h.regs) > 0 || b.held[h.name] != h {
-			return
-		}
-		if h.lost == nil && h.claims > 0 && !h.releasing {
-			// Given up without Release: take the entry off the server.
-			b.orphanLocked(h.name, h.fence, h.claims)
-			b.sweepLocked()
-		}
-		b.stopWatchLocked(h)
-		delete(b.held, h.name)
-		b.unclaimLocked(h.key, h.token, h.name)
+	return func() { b.stopNotify(h, reg) }
+}
+
+// stopNotify ends the NotifyLoss registration reg of h (once; later calls
+// do nothing). The last one ends h's hold.
+func (b *Backend) stopNotify(h *held, reg *lossReg) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if reg.stopped {
+		return
 	}
+	reg.stopped = true
+	for p := &h.regs; *p != nil; p = &(*p).next {
+		if *p == reg { // not fired yet
+			*p = reg.next
+			break
+		}
+	}
+	if h.regs != nil || b.held[h.name] != h {
+		return
+	}
+	if h.lost == nil && h.claims > 0 && !h.releasing {
+		// Given up without Release: take the entry off the server.
+		b.orphanLocked(h.name, h.fence, int(h.claims))
+		b.sweepLocked()
+	}
+	b.dropHoldLocked(h)
 }
