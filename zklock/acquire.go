@@ -423,7 +423,12 @@ func (b *Backend) granted(r dlock.Request, path string, czxid, session int64, ow
 	}
 	old := b.holds[h.key]
 	b.holds[h.key] = h
-	if watch != nil {
+	if b.wired() {
+		// A waiter's watch on its node (go-zookeeper's) is not used: the
+		// armer sets a wire watch (wirewatch.go).
+		b.byPath[path] = h
+		b.scheduleArmLocked(h)
+	} else if watch != nil {
 		h.watch = watch
 		b.attachLocked(h)
 	} else {

@@ -150,12 +150,24 @@
 //     for the rest of its session.
 //   - Session expiry, the node's deletion by anyone but Release (an
 //     operator, ForceRelease), or the connection being closed end the lease
-//     at once: the Backend waits on the watches of all held nodes (from
-//     one goroutine per 256 of them) and reports through dlock.LossNotifier, so Lease.Done
-//     closes without waiting for the next renewal. (In the first 100ms of
-//     a hold, before its watch is set, a deletion is found by Release,
-//     Refresh or the setting of the watch.) Refresh finding the node gone,
-//     or owned by another session, reports dlock.ErrNotHeld.
+//     at once: the Backend keeps a watch on every held node and reports
+//     through dlock.LossNotifier, so Lease.Done closes without waiting for
+//     the next renewal. (In the first 100ms of a hold, before its watch is
+//     set, a deletion is found by Release, Refresh or the setting of the
+//     watch.) Refresh finding the node gone, or owned by another session,
+//     reports dlock.ErrNotHeld.
+//
+// Watches on held nodes: a Backend from New keeps go-zookeeper watches
+// (a channel and a map entry each) and waits on them from one goroutine
+// per 256 held nodes. A Backend from Connect keeps none in go-zookeeper:
+// the reads that watch a held node are plain Exists calls whose watch
+// flag it sets as the request leaves on the wire, and it reads their
+// events off the wire, routed by path to the hold; it watches every held
+// node again on each new connection of the session, and reads a session's
+// expiry from the handshake. That saves about 600 bytes of client heap
+// per held lock (about 400 per lock are left in zklock; the dlock Lease
+// costs about 500 more). A callback installed with WithConnOptions
+// (zk.WithEventCallback) sees the events of those watches too.
 //
 // Reconnection: go-zookeeper gives a session handshake 10 × 2/3 of the
 // session timeout to be answered. A server whose port accepts connections
@@ -169,10 +181,12 @@
 // returns, or to a callback that can only be installed by zk.Connect, so a
 // Backend on a connection made elsewhere cannot see them. zklock does not
 // need them: it learns of everything that ends a lease from the
-// existence watch it keeps on each held node (go-zookeeper fires it with
-// the node's deletion, and with ErrSessionExpired or ErrClosing when it
-// finds the session expired on reconnecting or the connection closed),
-// and from Refresh; the Client's Expires covers the time in between. So
+// existence watch it keeps on each held node (New: go-zookeeper fires it
+// with the node's deletion, and with ErrSessionExpired or ErrClosing when
+// it finds the session expired on reconnecting or the connection closed;
+// Connect: the same, read off the wire and from the end of the
+// connection's event channel), and from Refresh; the Client's Expires
+// covers the time in between. So
 // New and Connect behave alike; Connect adds that it knows T and owns the
 // connection (closing the Backend ends the session, which frees its locks
 // at once), New that the caller keeps control of the connection and its

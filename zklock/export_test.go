@@ -29,7 +29,7 @@ func (b *Backend) Watched(key string) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for k, h := range b.holds {
-		if k.key == key && h.watch != nil {
+		if k.key == key && b.watchedLocked(h) {
 			return true
 		}
 	}
@@ -59,4 +59,18 @@ func SetWatchAhead(on bool) (restore func()) {
 	old := watchAhead.Load()
 	watchAhead.Store(on)
 	return func() { watchAhead.Store(old) }
+}
+
+// Unwatched returns how many holds of b have no existence watch on their
+// node (the armer has not set it yet, or it fired).
+func (b *Backend) Unwatched() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := 0
+	for _, h := range b.holds {
+		if !b.watchedLocked(h) {
+			n++
+		}
+	}
+	return n
 }

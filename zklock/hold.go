@@ -22,10 +22,12 @@ type hold struct {
 	fence     uint64
 	session   int64 // the node's ephemeral owner
 	count     int
-	watch     <-chan zk.Event // existence watch on path; nil until set, and once fired
-	group     *watchGroup     // the group waiting on watch, nil when none
-	armAt     time.Time       // when the armer sets the watch (zero: it does not)
+	watch     <-chan zk.Event // New: existence watch on path; nil until set, and once fired
+	group     *watchGroup     // New: the group waiting on watch, nil when none
+	armAt     time.Duration   // when the armer sets the watch (when queued), in b.since time
 	regs      []reg           // usually one: a slice costs less than a map per hold
+	watchGen  uint32          // Connect: the connection the wire watch is on, 0: none (wirewatch.go)
+	queued    bool            // in b.toArm
 	releasing bool            // Release is deleting the node: its deletion is no loss
 }
 
@@ -146,6 +148,18 @@ func (b *Backend) RefreshMany(ctx context.Context, rs []dlock.Request) []error {
 // (after reporting the loss) when it does not. A hold whose watch has
 // fired without loss is watched again.
 func (b *Backend) check(ctx context.Context, h *hold) error {
+	if b.wired() {
+		res, err := b.readWire(ctx, h, b.startWire(h))
+		switch {
+		case err != nil:
+			return err
+		case !res.exists || res.stat.EphemeralOwner != h.session:
+			err := h.goneErr()
+			b.loseHold(h, err)
+			return err
+		}
+		return nil
+	}
 	b.mu.Lock()
 	rearm := h.watch == nil
 	b.mu.Unlock()
@@ -177,7 +191,7 @@ func (b *Backend) setWatch(h *hold, ch <-chan zk.Event) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.holds[h.key] == h && h.watch == nil && ch != nil && !b.closed {
-		h.watch, h.armAt = ch, time.Time{}
+		h.watch = ch
 		b.attachLocked(h)
 	}
 }
@@ -250,8 +264,7 @@ func (b *Backend) NotifyLoss(r dlock.Request, fn func(cause error)) (stop func()
 	id := b.regID
 	h.regs = append(h.regs, reg{id, fn})
 	b.mu.Unlock()
-	var once sync.Once
-	return func() { once.Do(func() { b.unregister(h, id) }) }
+	return func() { b.unregister(h, id) } // a second call finds id gone
 }
 
 func (b *Backend) unregister(h *hold, id uint64) {
@@ -276,13 +289,20 @@ func (b *Backend) unregister(h *hold, id uint64) {
 // loseHold forgets h and calls its loss callbacks with cause, once.
 func (b *Backend) loseHold(h *hold, cause error) {
 	b.mu.Lock()
-	b.forgetLocked(h)
-	regs := h.regs
-	h.regs = nil
+	regs := b.takeLocked(h)
 	b.mu.Unlock()
 	for _, r := range regs {
 		r.fn(cause)
 	}
+}
+
+// takeLocked forgets h and returns its loss callbacks, which it drops
+// (so that they are called once). b.mu must be held.
+func (b *Backend) takeLocked(h *hold) []reg {
+	b.forgetLocked(h)
+	regs := h.regs
+	h.regs = nil
+	return regs
 }
 
 // forgetLocked drops h from the registry and from its watch group.
@@ -290,6 +310,9 @@ func (b *Backend) loseHold(h *hold, cause error) {
 func (b *Backend) forgetLocked(h *hold) {
 	if b.holds[h.key] == h {
 		delete(b.holds, h.key)
+	}
+	if b.byPath[h.path] == h {
+		delete(b.byPath, h.path)
 	}
 	b.detachLocked(h)
 }

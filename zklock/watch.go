@@ -13,9 +13,11 @@ import (
 	"github.com/go-zookeeper/zk"
 )
 
-// Every held node has an existence watch (go-zookeeper gives each watch a
-// channel of its own), which reports its deletion and the session's end.
-// The watches are waited on by watch groups: goroutines that each select
+// Every held node has an existence watch, which reports its deletion and
+// the session's end. A Backend from Connect sets it through the wire
+// sniffer (wirewatch.go); the rest of this comment is about a Backend from
+// New, whose watches are go-zookeeper's (which gives each a channel of its
+// own). The watches are waited on by watch groups: goroutines that each select
 // on the watches of up to groupSize holds, so that setting or firing one
 // watch costs a select over its group, not over every held lock (one
 // select over 100,000 channels costs milliseconds, and it had to be
@@ -192,6 +194,16 @@ func (b *Backend) proven(h *hold, session int64) proof {
 		b.mu.Unlock()
 		return gone
 	}
+	if b.wired() {
+		// The sniffer clears watchGen when an event for the node arrives,
+		// before go-zookeeper reads the sync's reply (wirewatch.go).
+		watched := session == h.session && b.watchedLocked(h)
+		b.mu.Unlock()
+		if watched {
+			return alive
+		}
+		return unproven
+	}
 	ch := h.watch
 	if ch == nil || session != h.session {
 		b.mu.Unlock()
@@ -223,11 +235,42 @@ func (b *Backend) proven(h *hold, session int64) proof {
 // scheduleArmLocked has the armer set h's watch after watchDelay. b.mu
 // must be held.
 func (b *Backend) scheduleArmLocked(h *hold) {
+	if b.closed || h.queued {
+		return
+	}
+	h.armAt, h.queued = b.since()+watchDelay, true
+	b.toArm = append(b.toArm, h) // in armAt order: watchDelay is constant
+	b.startArmerLocked()
+}
+
+// rearmLocked has the armer set the watches of hs at once (ahead of the
+// holds waiting for watchDelay). b.mu must be held.
+func (b *Backend) rearmLocked(hs []*hold) {
 	if b.closed {
 		return
 	}
-	h.armAt = time.Now().Add(watchDelay)
-	b.toArm = append(b.toArm, h) // in armAt order: watchDelay is constant
+	now := b.since()
+	var due []*hold
+	for _, h := range hs {
+		if !h.queued {
+			h.armAt, h.queued = now, true
+			due = append(due, h)
+		}
+	}
+	if len(due) == 0 {
+		return
+	}
+	b.toArm = append(due, b.toArm...)
+	b.startArmerLocked()
+	select {
+	case b.armKick <- struct{}{}:
+	default:
+	}
+}
+
+// startArmerLocked starts the armer, or wakes it when its queue was
+// empty. b.mu must be held.
+func (b *Backend) startArmerLocked() {
 	if !b.arming {
 		b.arming = true
 		b.wg.Add(1)
@@ -249,19 +292,21 @@ func (b *Backend) armer() {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
-		now := time.Now()
+		now := b.since()
 		var due []*hold
-		var next time.Time
+		next := time.Duration(-1)
 		b.mu.Lock()
 		for len(b.toArm) > 0 {
 			h := b.toArm[0]
-			if b.holds[h.key] == h && h.watch == nil && !h.releasing && now.Before(h.armAt) {
+			current := b.holds[h.key] == h && !b.watchedLocked(h) && !h.releasing
+			if current && now < h.armAt {
 				next = h.armAt
 				break
 			}
 			b.toArm[0] = nil
 			b.toArm = b.toArm[1:]
-			if b.holds[h.key] == h && h.watch == nil && !h.releasing {
+			h.queued = false
+			if current {
 				due = append(due, h)
 			}
 		}
@@ -273,10 +318,10 @@ func (b *Backend) armer() {
 			b.arm(due)
 			continue
 		}
-		if next.IsZero() {
+		if next < 0 {
 			timer.Reset(time.Hour)
 		} else {
-			timer.Reset(next.Sub(now))
+			timer.Reset(next - now)
 		}
 		select {
 		case <-b.ctx.Done():
@@ -299,16 +344,26 @@ func (b *Backend) arm(hs []*hold) {
 		go func() {
 			defer func() { <-sem; wg.Done() }()
 			ctx, cancel := context.WithTimeout(b.ctx, max(abandonTimeout, b.SessionTimeout()))
-			res, err := await(ctx, func() (statResult, error) {
-				ok, st, ch, err := b.conn.ExistsW(h.path)
-				return statResult{exists: ok, stat: st, watch: ch}, err
-			})
+			var res statResult
+			var err error
+			if b.wired() {
+				r := b.startWire(h)
+				if r == nil {
+					// Watched meanwhile, or being read (by Refresh), which
+					// watches it: nothing to do.
+					cancel()
+					return
+				}
+				res, err = b.readWire(ctx, h, r) // records the watch
+			} else {
+				res, err = await(ctx, func() (statResult, error) {
+					ok, st, ch, err := b.conn.ExistsW(h.path)
+					return statResult{exists: ok, stat: st, watch: ch}, err
+				})
+			}
 			cancel()
 			switch {
 			case err != nil:
-				b.mu.Lock()
-				h.armAt = time.Time{}
-				b.mu.Unlock()
 			case !res.exists || res.stat.EphemeralOwner != h.session:
 				b.mu.Lock()
 				current := b.holds[h.key] == h && !h.releasing
@@ -316,7 +371,7 @@ func (b *Backend) arm(hs []*hold) {
 				if current {
 					b.loseHold(h, h.goneErr())
 				}
-			default:
+			case !b.wired():
 				b.setWatch(h, res.watch)
 			}
 		}()

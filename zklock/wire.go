@@ -7,10 +7,12 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/go-zookeeper/zk"
 )
 
-// A Backend made by Connect reads two things go-zookeeper does not expose
-// off the wire of its connection (it only looks, never changes a byte):
+// A Backend made by Connect reads what go-zookeeper does not expose off
+// the wire of its connection:
 //
 //   - the session timeout the server negotiated, from the ConnectResponse
 //     that opens every connection (int32 protocolVersion, int32 timeOut in
@@ -18,7 +20,12 @@ import (
 //   - the zxid of the reply to each lock node's create, which is the new
 //     node's czxid — the fence — so a grant needs no extra read of the
 //     node. Requests are frames of int32 xid, int32 opcode, then for a
-//     create the path; replies start with int32 xid, int64 zxid, int32 err.
+//     create the path; replies start with int32 xid, int64 zxid, int32 err;
+//   - the watch events (xid -1; then int32 type, int32 state, the path)
+//     of the watches on held nodes (see wirewatch.go).
+//
+// The one byte it changes is the watch flag of the Exists requests
+// readWire asks for (wirewatch.go).
 //
 // Every frame is prefixed with its int32 length. A Backend from New (or a
 // create whose reply was not seen) gets the czxid another way: see
@@ -34,9 +41,12 @@ import (
 
 const (
 	opCreate      = 1
+	opExists      = 3
 	maxCreateHead = 12 + 4<<10 // xid, opcode, path length and up to 4 KiB of path
 	replyHead     = 16         // xid, zxid, err
-	connectHead   = 16         // protocolVersion, timeOut, sessionId
+	eventHead     = 12         // after the reply head of a watch event: type, state, path length
+	maxReplyHead  = replyHead + eventHead + 4<<10
+	connectHead   = 16 // protocolVersion, timeOut, sessionId
 )
 
 // sniffConn watches the frames of one connection. Writes come from one
@@ -62,13 +72,18 @@ type sniffConn struct {
 func handshakeBound(sessionTimeout time.Duration) time.Duration { return sessionTimeout * 2 / 3 }
 
 func newSniffConn(c net.Conn, b *Backend, handshake time.Duration) *sniffConn {
+	b.gen.Add(1) // before any request on c: the wire watches of earlier connections are gone
 	s := &sniffConn{Conn: c, b: b, handshake: handshake, creates: make(map[int32]string)}
 	s.out = frames{max: maxCreateHead, fn: s.request}
-	s.in = frames{max: replyHead, fn: s.reply}
+	s.in = frames{max: maxReplyHead, fn: s.reply}
 	return s
 }
 
 func (c *sniffConn) Write(p []byte) (int, error) {
+	// go-zookeeper writes one whole frame per Write.
+	if c.outAny && c.out.idle() && len(p) > 4 && int(be32(p)) == len(p)-4 {
+		c.b.flipExists(p[4:])
+	}
 	c.out.feed(p) // before the bytes leave: the reply cannot come first
 	return c.Conn.Write(p)
 }
@@ -135,6 +150,7 @@ func (c *sniffConn) reply(head []byte) {
 			if session != 0 && timeout > 0 { // session 0: the old session expired
 				c.b.negotiated.Store(int64(timeout) * int64(time.Millisecond))
 			}
+			c.b.wireConnected(int64(session), timeout)
 		}
 		return
 	}
@@ -142,7 +158,15 @@ func (c *sniffConn) reply(head []byte) {
 		return
 	}
 	xid := int32(binary.BigEndian.Uint32(head[0:4]))
-	if xid < 0 { // watch events (-1) and pings (-2)
+	if xid == -1 && len(head) >= replyHead+eventHead {
+		typ := int32(be32(head[16:20]))
+		n := int(be32(head[24:28]))
+		if n >= 0 && 28+n <= len(head) {
+			c.b.wireEvent(zk.EventType(typ), head[28:28+n])
+		}
+		return
+	}
+	if xid < 0 { // pings (-2)
 		return
 	}
 	c.mu.Lock()
@@ -164,6 +188,11 @@ type frames struct {
 	left   int // body bytes of the current frame still to come
 	head   []byte
 }
+
+// idle reports whether f is between frames.
+func (f *frames) idle() bool { return f.left == 0 && f.lenN == 0 }
+
+func be32(b []byte) uint32 { return binary.BigEndian.Uint32(b) }
 
 func (f *frames) feed(p []byte) {
 	for len(p) > 0 {

@@ -26,23 +26,27 @@ type Backend struct {
 	err   error // configuration error from New: every call fails with it
 	owned bool  // made by Connect: Close closes conn
 
-	negotiated  atomic.Int64 // Connect: negotiated session timeout (ns), 0 until known
-	plainCreate atomic.Bool  // creates are plain, not multi-ops (see createOnce)
-	czxids      zxidTable    // Connect: czxids of lock node creates, read off the wire
+	negotiated  atomic.Int64  // Connect: negotiated session timeout (ns), 0 until known
+	plainCreate atomic.Bool   // creates are plain, not multi-ops (see createOnce)
+	czxids      zxidTable     // Connect: czxids of lock node creates, read off the wire
+	gen         atomic.Uint32 // Connect: connections dialled (see wirewatch.go)
 
+	born    time.Time       // for since
 	ctx     context.Context // cancelled by Close; bounds background work
 	cancel  context.CancelFunc
 	armKick chan struct{} // wakes the armer: a hold to watch was queued
 
-	mu     sync.Mutex
-	closed bool
-	holds  map[holdKey]*hold
-	regID  uint64
-	roomy  []*watchGroup // watch groups with room for another hold
-	toArm  []*hold       // holds for the armer to watch, in armAt order
-	arming bool          // the armer runs
-	rootOK bool
-	wg     sync.WaitGroup // watch groups, the armer and reapers
+	mu      sync.Mutex
+	closed  bool
+	holds   map[holdKey]*hold
+	regID   uint64
+	roomy   []*watchGroup // watch groups with room for another hold
+	toArm   []*hold       // holds for the armer to watch, in armAt order
+	arming  bool          // the armer runs
+	rootOK  bool
+	byPath  map[string]*hold    // Connect: holds by node path, for the events read off the wire
+	reading map[string]*armWire // Connect: wire-watching reads in flight, by path
+	wg      sync.WaitGroup      // watch groups, the armer, reapers and loss dispatches
 }
 
 var errClosed = fmt.Errorf("zklock: %w", dlock.ErrClosed)
@@ -58,7 +62,9 @@ var errClosed = fmt.Errorf("zklock: %w", dlock.ErrClosed)
 // Like a Backend from Connect, it learns of a lost lock from a watch on
 // each held node (which reports the node's deletion, and the session's
 // expiry once the connection is re-established) and from Refresh; it needs
-// none of the connection's session events.
+// none of the connection's session events. Its watches are go-zookeeper's
+// (a Backend from Connect keeps its own, at less memory per held lock:
+// see the package documentation).
 func New(conn *zk.Conn, opts ...Option) *Backend {
 	cfg := defaultConfig()
 	b := newBackend(conn, cfg)
@@ -117,26 +123,34 @@ func Connect(servers []string, sessionTimeout time.Duration, opts ...Option) (*z
 	}
 	// Options are passed one by one: go-zookeeper's option type is
 	// unexported, so a slice of them cannot be spelled here.
-	conn, _, err := zk.Connect(servers, sessionTimeout, userOpts, sniffing, logger)
+	conn, events, err := zk.Connect(servers, sessionTimeout, userOpts, sniffing, logger)
 	if err != nil {
 		b.cancel()
 		return nil, nil, fmt.Errorf("zklock: connect: %w", err)
 	}
 	b.conn = conn
+	go b.drainEvents(events) // ends when the connection is closed
 	return conn, b, nil
 }
 
 func newBackend(conn *zk.Conn, cfg config) *Backend {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Backend{
+		born:    time.Now(),
 		conn:    conn,
 		cfg:     cfg,
 		ctx:     ctx,
 		cancel:  cancel,
 		armKick: make(chan struct{}, 1),
 		holds:   make(map[holdKey]*hold),
+		byPath:  make(map[string]*hold),
+		reading: make(map[string]*armWire),
 	}
 }
+
+// since returns the time since the Backend was made, on the monotonic
+// clock (a time.Time would make every hold 16 bytes larger).
+func (b *Backend) since() time.Duration { return time.Since(b.born) }
 
 // Err returns the configuration error recorded by New, or nil.
 func (b *Backend) Err() error { return b.err }
