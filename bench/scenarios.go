@@ -5,13 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"runtime"
 	"runtime/pprof"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/dlock-go/dlock/internal/scale"
 )
 
 // config holds the sizes and durations of a run. Every figure is a median
@@ -427,7 +428,7 @@ func measureS5Local(e *env, c config, s *subject, run int) (metrics, error) {
 	if err := cycle(l, prefix+"warm"); err != nil {
 		return nil, err
 	}
-	m0 := memStats()
+	m0 := scale.Sample()
 
 	// Fill, 64 at a time, until done or c.s5FillMax.
 	var next atomic.Int64
@@ -497,7 +498,7 @@ func measureS5Local(e *env, c config, s *subject, run int) (metrics, error) {
 		}
 		return nil, errors.New("no lease taken")
 	}
-	m1 := memStats()
+	m1 := scale.Sample()
 	lostAtFill := 0
 	for _, h := range hs {
 		if h != nil && h.lost() {
@@ -539,13 +540,14 @@ func measureS5Local(e *env, c config, s *subject, run int) (metrics, error) {
 		}
 		fmt.Fprintf(os.Stdout, "%slost: cause %d of %d distinct, %d lease(s): %s\n", notePrefix, i+1, len(order), causes[order[i]], cause)
 	}
+	heap, stack := scale.PerItem(m0, m1, n)
 	m := metrics{
 		"leases":       float64(n),
 		"fill s":       fill.Seconds(),
 		"cpu s":        cpu.Seconds(),
-		"heap B/l":     float64(int64(m1.heap)-int64(m0.heap)) / float64(n),
-		"stack B/l":    max(0, float64(int64(m1.stack)-int64(m0.stack))/float64(n)),
-		"goroutines":   float64(m1.goroutines - m0.goroutines),
+		"heap B/l":     heap,
+		"stack B/l":    max(0, stack),
+		"goroutines":   float64(m1.Goroutines - m0.Goroutines),
 		"lost":         float64(lost),
 		"lost at fill": float64(lostAtFill),
 		"fill errors":  float64(failed.Load()),
@@ -569,40 +571,15 @@ func measureS5Local(e *env, c config, s *subject, run int) (metrics, error) {
 	}
 
 	// Release everything, 64 at a time.
-	next.Store(0)
-	for range 64 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := int(next.Add(1) - 1)
-				if i >= len(hs) {
-					return
-				}
-				if hs[i] == nil {
-					continue
-				}
-				ctx, cancel := opCtx()
-				_ = hs[i].unlock(ctx)
-				cancel()
-			}
-		}()
-	}
-	wg.Wait()
+	scale.Each(len(hs), 64, func(i int) error {
+		if hs[i] != nil {
+			ctx, cancel := opCtx()
+			_ = hs[i].unlock(ctx)
+			cancel()
+		}
+		return nil
+	})
 	return m, nil
-}
-
-type mem struct {
-	heap, stack uint64
-	goroutines  int
-}
-
-func memStats() mem {
-	runtime.GC()
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return mem{heap: ms.HeapAlloc, stack: ms.StackInuse, goroutines: runtime.NumGoroutine()}
 }
 
 // cpuTime is the process' user + system CPU time.

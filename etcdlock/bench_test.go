@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -25,6 +24,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/etcdlock"
+	"github.com/dlock-go/dlock/internal/scale"
 	"github.com/dlock-go/dlock/internal/testserver"
 )
 
@@ -420,34 +420,16 @@ func benchManyHeld(b *testing.B, n int, hold time.Duration) {
 		b.Fatalf("Release: %v", err)
 	}
 	leases := make([]*dlock.Lease, n)
-	m0 := memNow()
+	m0 := scale.Sample()
 	began := time.Now()
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for range 64 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := int(next.Add(1) - 1)
-				if i >= n {
-					return
-				}
-				l, err := c.Acquire(context.Background(), fmt.Sprintf("%s%06d", prefix, i))
-				if err != nil {
-					b.Error(err)
-					return
-				}
-				leases[i] = l
-			}
-		}()
-	}
-	wg.Wait()
-	if b.Failed() {
-		return
+	if err := scale.Each(n, 64, func(i int) (err error) {
+		leases[i], err = c.Acquire(context.Background(), fmt.Sprintf("%s%06d", prefix, i))
+		return err
+	}); err != nil {
+		b.Fatal(err)
 	}
 	fill := time.Since(began)
-	m1 := memNow()
+	m1 := scale.Sample()
 	if p := os.Getenv("MANYHELD_HEAPPROF"); p != "" {
 		f, err := os.Create(p)
 		if err != nil {
@@ -474,36 +456,22 @@ func benchManyHeld(b *testing.B, n int, hold time.Duration) {
 		}
 	}
 	perTick := float64(held) / hold.Seconds() * (ttl / 3).Seconds() / (float64(n) / 1000)
+	heap, stack := scale.PerItem(m0, m1, n)
 	b.Logf("%d leases (load %s): fill %.1fs, heap %.0f B/lease, stacks %.0f B/lease, %.2f goroutines/lease, %d round trips in %v = %.2f per 1,000 leases per tick, %d lost",
-		n, loadAvg(), fill.Seconds(), float64(int64(m1.heap)-int64(m0.heap))/float64(n),
-		float64(int64(m1.stack)-int64(m0.stack))/float64(n),
-		float64(m1.goroutines-m0.goroutines)/float64(n), held, hold, perTick, lost)
+		n, loadAvg(), fill.Seconds(), heap, stack,
+		float64(m1.Goroutines-m0.Goroutines)/float64(n), held, hold, perTick, lost)
 	b.Logf("gRPC messages the server received during the hold (all clients): %s", srvDuring.counts())
 	b.ReportMetric(0, "ns/op")
-	b.ReportMetric(float64(int64(m1.heap)-int64(m0.heap))/float64(n), "heap-B/lease")
-	b.ReportMetric(float64(m1.goroutines-m0.goroutines)/float64(n), "goroutines/lease")
+	b.ReportMetric(heap, "heap-B/lease")
+	b.ReportMetric(float64(m1.Goroutines-m0.Goroutines)/float64(n), "goroutines/lease")
 	b.ReportMetric(perTick, "rt/1k/tick")
 	b.ReportMetric(fill.Seconds(), "fill-s")
 	if lost > 0 {
 		b.Errorf("got %d of %d leases lost, want 0", lost, n)
 	}
-	next.Store(0)
-	for range 64 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := int(next.Add(1) - 1)
-				if i >= n {
-					return
-				}
-				if err := leases[i].Release(context.Background()); err != nil {
-					b.Error(err)
-				}
-			}
-		}()
+	if err := scale.Each(n, 64, func(i int) error { return leases[i].Release(context.Background()) }); err != nil {
+		b.Error(err)
 	}
-	wg.Wait()
 }
 
 // countConn counts the first Write after each Read that returned data: a
@@ -527,19 +495,6 @@ func (cc *countConn) Read(p []byte) (int, error) {
 		cc.reading.Store(true)
 	}
 	return n, err
-}
-
-type memSample struct {
-	heap, stack uint64
-	goroutines  int
-}
-
-func memNow() memSample {
-	runtime.GC()
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return memSample{heap: ms.HeapAlloc, stack: ms.StackInuse, goroutines: runtime.NumGoroutine()}
 }
 
 // loadAvg returns the 1-minute load average ("?" if unknown).

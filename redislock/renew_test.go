@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/scale"
 	"github.com/dlock-go/dlock/redislock"
 )
 
@@ -228,33 +229,7 @@ func mib(b uint64) float64 { return float64(b) / (1 << 20) }
 // first error.
 func parallel(t *testing.T, n int, fn func(i int) error) {
 	t.Helper()
-	var (
-		wg   sync.WaitGroup
-		next = make(chan int)
-		errc = make(chan error, 1)
-	)
-	for w := 0; w < 32; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range next {
-				if err := fn(i); err != nil {
-					select {
-					case errc <- err:
-					default:
-					}
-				}
-			}
-		}()
-	}
-	for i := 0; i < n; i++ {
-		next <- i
-	}
-	close(next)
-	wg.Wait()
-	select {
-	case err := <-errc:
+	if err := scale.Each(n, 32, fn); err != nil {
 		t.Fatal(err)
-	default:
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/scale"
 	"github.com/dlock-go/dlock/redislock"
 	"github.com/dlock-go/dlock/redlock"
 )
@@ -872,26 +872,17 @@ func TestRefreshManyLargeBatch(t *testing.T) {
 	b := newBackend(t) // the default node timeout: 50ms for this TTL
 	base := key(t)
 	rs := make([]dlock.Request, n)
-	var wg sync.WaitGroup
-	for w := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := w; i < n; i += 8 {
-				r := req(base+strconv.Itoa(i), time.Minute)
-				g, err := b.TryAcquire(ctxT(t, 10*time.Second), r)
-				if err != nil || !g.OK {
-					t.Errorf("TryAcquire %d: got %+v, %v, want a grant", i, g, err)
-					return
-				}
-				r.Fence = g.Fence
-				rs[i] = r
-			}
-		}()
-	}
-	wg.Wait()
-	if t.Failed() {
-		t.FailNow()
+	if err := scale.Each(n, 8, func(i int) error {
+		r := req(base+strconv.Itoa(i), time.Minute)
+		g, err := b.TryAcquire(ctxT(t, 10*time.Second), r)
+		if err != nil || !g.OK {
+			return fmt.Errorf("TryAcquire %d: got %+v, %v, want a grant", i, g, err)
+		}
+		r.Fence = g.Fence
+		rs[i] = r
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		for _, r := range rs {
@@ -933,29 +924,20 @@ func TestManyLeasesAutoRenew(t *testing.T) {
 	c := newClient(t, nil, dlock.WithTTL(ttl))
 	base := key(t)
 	leases := make([]*dlock.Lease, n)
-	var wg sync.WaitGroup
-	for w := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := w; i < n; i += 8 {
-				// An acquisition that a loaded node answered too late for
-				// fails (the quorum was not reached in time): try again.
-				ctx := ctxT(t, 30*time.Second)
-				for leases[i] == nil {
-					l, err := c.Acquire(ctx, base+strconv.Itoa(i))
-					if err != nil && ctx.Err() != nil {
-						t.Errorf("Acquire %d: %v", i, err)
-						return
-					}
-					leases[i] = l
-				}
+	if err := scale.Each(n, 8, func(i int) error {
+		// An acquisition that a loaded node answered too late for fails
+		// (the quorum was not reached in time): try again.
+		ctx := ctxT(t, 30*time.Second)
+		for leases[i] == nil {
+			l, err := c.Acquire(ctx, base+strconv.Itoa(i))
+			if err != nil && ctx.Err() != nil {
+				return fmt.Errorf("Acquire %d: %w", i, err)
 			}
-		}()
-	}
-	wg.Wait()
-	if t.Failed() {
-		t.FailNow()
+			leases[i] = l
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		for _, l := range leases {

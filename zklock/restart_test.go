@@ -117,16 +117,19 @@ func TestReleaseFailedServerRestart(t *testing.T) {
 // stallProxy forwards connections to a ZooKeeper server until stalled:
 // then it drops the connections it forwards and accepts new ones without
 // ever forwarding or answering them (a server whose port is open but which
-// does not serve: a JVM starting up or stalled). Healed, it forwards new
+// does not serve: a JVM starting up or stalled), or, when shut instead,
+// closes new ones at once (a server that is down). Healed, it forwards new
 // connections again; the stalled ones stay unanswered until the test ends.
 type stallProxy struct {
-	ln      net.Listener
-	target  string
-	wg      sync.WaitGroup
-	mu      sync.Mutex
-	stalled bool
-	live    []net.Conn // forwarded connections, both ends
-	hung    []net.Conn // accepted while stalled
+	ln        net.Listener
+	target    string
+	wg        sync.WaitGroup
+	mu        sync.Mutex
+	stalled   bool
+	refuse    bool       // while stalled: close new connections at once
+	live      []net.Conn // forwarded connections, both ends
+	hung      []net.Conn // accepted while stalled
+	forwarded int        // connections forwarded so far
 }
 
 func startStallProxy(t *testing.T, target string) *stallProxy {
@@ -153,10 +156,15 @@ func startStallProxy(t *testing.T, target string) *stallProxy {
 func (p *stallProxy) Addr() string { return p.ln.Addr().String() }
 
 // stall drops every forwarded connection and stalls new ones.
-func (p *stallProxy) stall() {
+func (p *stallProxy) stall() { p.cut(false) }
+
+// shut drops every forwarded connection and closes new ones at once.
+func (p *stallProxy) shut() { p.cut(true) }
+
+func (p *stallProxy) cut(refuse bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.stalled = true
+	p.stalled, p.refuse = true, refuse
 	for _, c := range p.live {
 		c.Close()
 	}
@@ -187,6 +195,13 @@ func (p *stallProxy) heal() {
 	p.mu.Unlock()
 }
 
+// connections returns the number of connections forwarded so far.
+func (p *stallProxy) connections() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.forwarded
+}
+
 func (p *stallProxy) serve() {
 	defer p.wg.Done()
 	for {
@@ -196,7 +211,11 @@ func (p *stallProxy) serve() {
 		}
 		p.mu.Lock()
 		if p.stalled {
-			p.hung = append(p.hung, c)
+			if p.refuse {
+				c.Close()
+			} else {
+				p.hung = append(p.hung, c)
+			}
 			p.mu.Unlock()
 			continue
 		}
@@ -207,6 +226,7 @@ func (p *stallProxy) serve() {
 			continue
 		}
 		p.mu.Lock()
+		p.forwarded++
 		p.live = append(p.live, c, s)
 		p.mu.Unlock()
 		p.wg.Add(2)

@@ -7,12 +7,11 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"strconv"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/scale"
 	"github.com/dlock-go/dlock/memlock"
 	"github.com/dlock-go/dlock/zklock"
 )
@@ -79,33 +78,15 @@ func benchHeld(b *testing.B, c *dlock.Client, n int, settled func() bool, dir st
 	if err := warm.Release(ctx); err != nil {
 		b.Fatal(err)
 	}
-	m0 := memNow()
+	m0 := scale.Sample()
 	began := time.Now()
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for range 64 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := int(next.Add(1) - 1)
-				if i >= n {
-					return
-				}
-				l, err := c.Acquire(ctx, keys[i])
-				if err != nil {
-					b.Error(err)
-					return
-				}
-				leases[i] = l
-			}
-		}()
+	if err := scale.Each(n, 64, func(i int) (err error) {
+		leases[i], err = c.Acquire(ctx, keys[i])
+		return err
+	}); err != nil {
+		b.Fatal(err)
 	}
-	wg.Wait()
 	fill := time.Since(began)
-	if b.Failed() {
-		return
-	}
 	// Every hold gets its watch watchDelay after its grant: wait for the
 	// armer (the last ones were granted a moment ago).
 	deadline := time.Now().Add(time.Minute)
@@ -115,7 +96,7 @@ func benchHeld(b *testing.B, c *dlock.Client, n int, settled func() bool, dir st
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	m1 := memNow()
+	m1 := scale.Sample()
 	if dir != "" {
 		f, err := os.Create(fmt.Sprintf("%s/held-%s.pprof", dir, b.Name()[len("BenchmarkHeldLeases/"):]))
 		if err != nil {
@@ -132,41 +113,13 @@ func benchHeld(b *testing.B, c *dlock.Client, n int, settled func() bool, dir st
 			lost++
 		}
 	}
-	b.ReportMetric(float64(int64(m1.heap)-int64(m0.heap))/float64(n), "heap-B/lease")
-	b.ReportMetric(float64(int64(m1.stack)-int64(m0.stack))/float64(n), "stack-B/lease")
-	b.ReportMetric(float64(m1.goroutines-m0.goroutines), "goroutines")
+	heap, stack := scale.PerItem(m0, m1, n)
+	b.ReportMetric(heap, "heap-B/lease")
+	b.ReportMetric(stack, "stack-B/lease")
+	b.ReportMetric(float64(m1.Goroutines-m0.Goroutines), "goroutines")
 	b.ReportMetric(fill.Seconds(), "fill-s")
 	b.ReportMetric(float64(lost), "lost")
-	next.Store(0)
-	for range 64 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := int(next.Add(1) - 1)
-				if i >= n {
-					return
-				}
-				if err := leases[i].Release(ctx); err != nil {
-					b.Error(err)
-				}
-			}
-		}()
+	if err := scale.Each(n, 64, func(i int) error { return leases[i].Release(ctx) }); err != nil {
+		b.Error(err)
 	}
-	wg.Wait()
-}
-
-type memSample struct {
-	heap, stack uint64
-	goroutines  int
-}
-
-// memNow returns the live heap (after two collections), the stacks in use
-// and the goroutines.
-func memNow() memSample {
-	runtime.GC()
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return memSample{heap: ms.HeapAlloc, stack: ms.StackInuse, goroutines: runtime.NumGoroutine()}
 }

@@ -3,8 +3,6 @@ package zklock_test
 import (
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -134,7 +132,7 @@ func TestManyHeldOneDeleted(t *testing.T) {
 // another one is reported at once.
 func TestReconnectionWatchesAgain(t *testing.T) {
 	const n = 20
-	proxy := startGateProxy(t, zkServer.Addr())
+	proxy := startStallProxy(t, zkServer.Addr())
 	conn, b := connect(t, proxy.Addr(), 10*time.Second)
 	c := dlock.New(b, dlock.WithTTL(10*time.Second), dlock.WithAutoRenew(false))
 	t.Cleanup(func() { c.Close() })
@@ -144,13 +142,13 @@ func TestReconnectionWatchesAgain(t *testing.T) {
 
 	proxy.shut()
 	deleteNode(t, obs, b, ls[3].Key())
-	proxy.open()
+	proxy.heal()
 	awaitLost(t, ls[3], 5*time.Second, "is gone")
 	awaitWatched(t, b)
 	if got := conn.SessionID(); got != session {
 		t.Fatalf("session after the reconnection: got %#x, want %#x (the same)", got, session)
 	}
-	if got := proxy.accepted(); got < 2 {
+	if got := proxy.connections(); got < 2 {
 		t.Fatalf("connections through the proxy: got %d, want at least 2", got)
 	}
 	checkHeld(t, ls, 3)
@@ -168,7 +166,7 @@ func TestReconnectionWatchesAgain(t *testing.T) {
 func TestConnClosedLosesLeases(t *testing.T) {
 	for _, reachable := range []bool{true, false} {
 		t.Run(fmt.Sprintf("reachable=%v", reachable), func(t *testing.T) {
-			proxy := startGateProxy(t, zkServer.Addr())
+			proxy := startStallProxy(t, zkServer.Addr())
 			conn, b := connect(t, proxy.Addr(), 10*time.Second)
 			c := dlock.New(b, dlock.WithTTL(10*time.Second), dlock.WithAutoRenew(false))
 			t.Cleanup(func() { c.Close() })
@@ -183,87 +181,5 @@ func TestConnClosedLosesLeases(t *testing.T) {
 				awaitLost(t, l, 3*time.Second, want)
 			}
 		})
-	}
-}
-
-// gateProxy forwards connections to a ZooKeeper server; while shut, it
-// has none: it drops those it forwards and closes new ones at once.
-type gateProxy struct {
-	ln     net.Listener
-	target string
-	wg     sync.WaitGroup
-	mu     sync.Mutex
-	closed bool
-	live   []net.Conn
-	n      int // connections accepted while open
-}
-
-func startGateProxy(t *testing.T, target string) *gateProxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &gateProxy{ln: ln, target: target}
-	p.wg.Add(1)
-	go p.serve()
-	t.Cleanup(func() {
-		ln.Close()
-		p.shut()
-		p.wg.Wait()
-	})
-	return p
-}
-
-func (p *gateProxy) Addr() string { return p.ln.Addr().String() }
-
-func (p *gateProxy) shut() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.closed = true
-	for _, c := range p.live {
-		c.Close()
-	}
-	p.live = nil
-}
-
-func (p *gateProxy) open() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.closed = false
-}
-
-func (p *gateProxy) accepted() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.n
-}
-
-func (p *gateProxy) serve() {
-	defer p.wg.Done()
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		p.mu.Lock()
-		closed := p.closed
-		p.mu.Unlock()
-		if closed {
-			c.Close()
-			continue
-		}
-		s, err := net.Dial("tcp", p.target)
-		if err != nil {
-			c.Close()
-			continue
-		}
-		p.mu.Lock()
-		p.n++
-		p.live = append(p.live, c, s)
-		p.mu.Unlock()
-		p.wg.Add(2)
-		go func() { defer p.wg.Done(); io.Copy(s, c); s.Close(); c.Close() }()
-		go func() { defer p.wg.Done(); io.Copy(c, s); s.Close(); c.Close() }()
 	}
 }

@@ -1,0 +1,73 @@
+package scale_test
+
+import (
+	"errors"
+	"runtime"
+	"sync/atomic"
+	"testing"
+
+	"github.com/dlock-go/dlock/internal/scale"
+)
+
+func TestEach(t *testing.T) {
+	const n = 1000
+	var seen [n]atomic.Int32
+	var running, most atomic.Int32
+	err := scale.Each(n, 8, func(i int) error {
+		r := running.Add(1)
+		for m := most.Load(); r > m && !most.CompareAndSwap(m, r); m = most.Load() {
+		}
+		seen[i].Add(1)
+		running.Add(-1)
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("got %v, want nil", err)
+	}
+	for i := range seen {
+		if got := seen[i].Load(); got != 1 {
+			t.Fatalf("index %d: called %d times, want 1", i, got)
+		}
+	}
+	if m := most.Load(); m > 8 {
+		t.Errorf("got %d calls at once, want at most 8", m)
+	}
+}
+
+func TestEachError(t *testing.T) {
+	boom := errors.New("boom")
+	var calls atomic.Int32
+	err := scale.Each(100, 4, func(i int) error {
+		calls.Add(1)
+		if i%10 == 3 {
+			return boom
+		}
+		return nil
+	})
+	if !errors.Is(err, boom) {
+		t.Errorf("got %v, want %v", err, boom)
+	}
+	if got := calls.Load(); got != 100 {
+		t.Errorf("got %d calls, want 100: the others still run", got)
+	}
+	if err := scale.Each(0, 4, func(int) error { return boom }); err != nil {
+		t.Errorf("n = 0: got %v, want nil", err)
+	}
+}
+
+func TestSample(t *testing.T) {
+	m0 := scale.Sample()
+	keep := make([][]byte, 1000)
+	for i := range keep {
+		keep[i] = make([]byte, 1024)
+	}
+	m1 := scale.Sample()
+	heap, _ := scale.PerItem(m0, m1, len(keep))
+	if heap < 1024 || heap > 2048 {
+		t.Errorf("got %.0f heap bytes per 1 KiB buffer, want 1024–2048", heap)
+	}
+	if m1.Goroutines < 1 {
+		t.Errorf("got %d goroutines, want at least 1", m1.Goroutines)
+	}
+	runtime.KeepAlive(keep)
+}
