@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/dlock-go/dlock/internal/scale"
 )
 
 // counter counts the requests a client sends. A request is a burst of
@@ -33,31 +35,7 @@ func (c *counter) wrap(conn net.Conn) net.Conn {
 	if c == nil {
 		return conn
 	}
-	cc := &countConn{Conn: conn, c: c}
-	cc.reading.Store(true)
-	return cc
-}
-
-// countConn counts the first Write after each Read that returned data.
-type countConn struct {
-	net.Conn
-	c       *counter
-	reading atomic.Bool // the last I/O with data was a read, or there was none yet
-}
-
-func (cc *countConn) Write(p []byte) (int, error) {
-	if cc.reading.Swap(false) {
-		cc.c.requests.Add(1)
-	}
-	return cc.Conn.Write(p)
-}
-
-func (cc *countConn) Read(p []byte) (int, error) {
-	n, err := cc.Conn.Read(p)
-	if n > 0 {
-		cc.reading.Store(true)
-	}
-	return n, err
+	return scale.CountRequests(conn, &c.requests)
 }
 
 // redisHook counts go-redis traffic into a counter: connections through

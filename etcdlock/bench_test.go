@@ -401,9 +401,7 @@ func benchManyHeld(b *testing.B, n int, hold time.Duration) {
 			if err != nil {
 				return nil, err
 			}
-			cc := &countConn{Conn: conn, n: &rts}
-			cc.reading.Store(true)
-			return cc, nil
+			return scale.CountRequests(conn, &rts), nil
 		})},
 	})
 	if err != nil {
@@ -472,29 +470,6 @@ func benchManyHeld(b *testing.B, n int, hold time.Duration) {
 	if err := scale.Each(n, 64, func(i int) error { return leases[i].Release(context.Background()) }); err != nil {
 		b.Error(err)
 	}
-}
-
-// countConn counts the first Write after each Read that returned data: a
-// round trip (as the bench module counts them).
-type countConn struct {
-	net.Conn
-	n       *atomic.Int64
-	reading atomic.Bool
-}
-
-func (cc *countConn) Write(p []byte) (int, error) {
-	if cc.reading.Swap(false) {
-		cc.n.Add(1)
-	}
-	return cc.Conn.Write(p)
-}
-
-func (cc *countConn) Read(p []byte) (int, error) {
-	n, err := cc.Conn.Read(p)
-	if n > 0 {
-		cc.reading.Store(true)
-	}
-	return n, err
 }
 
 // loadAvg returns the 1-minute load average ("?" if unknown).

@@ -1,9 +1,11 @@
 // Package scale holds what the tests and benchmarks that take many locks
-// share: a loop over indexes run by a fixed number of goroutines, and a
-// sample of the process's memory to measure what each held lease costs.
+// share: a loop over indexes run by a fixed number of goroutines, a sample
+// of the process's memory to measure what each held lease costs, and a
+// count of the requests a client sends.
 package scale
 
 import (
+	"net"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -61,4 +63,37 @@ func Sample() Mem {
 // item of n (negative when memory shrank).
 func PerItem(m0, m1 Mem, n int) (heap, stack float64) {
 	return float64(int64(m1.Heap)-int64(m0.Heap)) / float64(n), float64(int64(m1.Stack)-int64(m0.Stack)) / float64(n)
+}
+
+// CountRequests wraps conn so that n counts the requests sent on it. A
+// request is a burst of bytes written after the last read that returned
+// data (or the first write): one command, one pipeline however many
+// writes its buffer needs, one SUBSCRIBE. Bytes the server pushes are
+// reads and never count, so on a request-reply protocol this counts the
+// round trips.
+func CountRequests(conn net.Conn, n *atomic.Int64) net.Conn {
+	c := &countConn{Conn: conn, n: n}
+	c.reading.Store(true)
+	return c
+}
+
+type countConn struct {
+	net.Conn
+	n       *atomic.Int64
+	reading atomic.Bool // the last I/O with data was a read, or there was none yet
+}
+
+func (c *countConn) Write(p []byte) (int, error) {
+	if c.reading.Swap(false) {
+		c.n.Add(1)
+	}
+	return c.Conn.Write(p)
+}
+
+func (c *countConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		c.reading.Store(true)
+	}
+	return n, err
 }

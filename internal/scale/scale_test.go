@@ -2,6 +2,7 @@ package scale_test
 
 import (
 	"errors"
+	"net"
 	"runtime"
 	"sync/atomic"
 	"testing"
@@ -70,4 +71,40 @@ func TestSample(t *testing.T) {
 		t.Errorf("got %d goroutines, want at least 1", m1.Goroutines)
 	}
 	runtime.KeepAlive(keep)
+}
+
+func TestCountRequests(t *testing.T) {
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	var n atomic.Int64
+	c := scale.CountRequests(a, &n)
+	go func() {
+		buf := make([]byte, 16)
+		for {
+			k, err := b.Read(buf)
+			if err != nil {
+				return
+			}
+			if string(buf[:k]) == "end" {
+				b.Write([]byte("ok"))
+			}
+		}
+	}()
+	// Two writes before a reply: one request. Then a reply, then another
+	// request.
+	for _, w := range []string{"a", "b", "end"} {
+		if _, err := c.Write([]byte(w)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := c.Read(make([]byte, 2)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Write([]byte("c")); err != nil {
+		t.Fatal(err)
+	}
+	if got := n.Load(); got != 2 {
+		t.Errorf("got %d requests, want 2", got)
+	}
 }
