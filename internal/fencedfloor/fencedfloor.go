@@ -17,12 +17,10 @@ package fencedfloor
 
 import "github.com/redis/go-redis/v9"
 
-var (
-	// Acquire takes KEYS[1] (the lock) with KEYS[2] (its fence counter)
-	// for token ARGV[1] with TTL ARGV[2] ms. It returns {1, fence} when
-	// granted, {0, pttl} when the lock is held.
-	Acquire = redis.NewScript(`
-if redis.call('EXISTS', KEYS[1]) == 1 then return {0, redis.call('PTTL', KEYS[1])} end
+// fence issues the next fence from the counter KEYS[2] into now:
+// max(last + 1, server time in µs), stored back in the counter (TIME,
+// SET ... GET, and a second SET only when the clock is behind it).
+const fence = `
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local last = tonumber(redis.call('SET', KEYS[2], string.format('%.0f', now), 'GET'))
@@ -30,7 +28,14 @@ if last and last >= now then
   now = last + 1
   redis.call('SET', KEYS[2], string.format('%.0f', now))
 end
-redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'fence', string.format('%.0f', now))
+`
+
+var (
+	// Acquire takes KEYS[1] (the lock) with KEYS[2] (its fence counter)
+	// for token ARGV[1] with TTL ARGV[2] ms. It returns {1, fence} when
+	// granted, {0, pttl} when the lock is held.
+	Acquire = redis.NewScript(`
+if redis.call('EXISTS', KEYS[1]) == 1 then return {0, redis.call('PTTL', KEYS[1])} end` + fence + `redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'fence', string.format('%.0f', now))
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return {1, now}`)
 	// Minimal takes the string lock KEYS[1] for token ARGV[1] with TTL
@@ -38,15 +43,7 @@ return {1, now}`)
 	// does. It returns {1, fence} when granted, {0, pttl} when the lock is
 	// held. Release it with a compare-and-delete of the token.
 	Minimal = redis.NewScript(`
-if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return {0, redis.call('PTTL', KEYS[1])} end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local last = tonumber(redis.call('SET', KEYS[2], string.format('%.0f', now), 'GET'))
-if last and last >= now then
-  now = last + 1
-  redis.call('SET', KEYS[2], string.format('%.0f', now))
-end
-return {1, now}`)
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return {0, redis.call('PTTL', KEYS[1])} end` + fence + `return {1, now}`)
 	// Release deletes KEYS[1] if token ARGV[1] holds it with fence ARGV[2]:
 	// 1 when deleted, 0 when not held.
 	Release = redis.NewScript(`
