@@ -28,6 +28,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/dlock-go/dlock/internal/scale"
 )
 
 func main() {
@@ -141,13 +143,13 @@ func run1(args []string, stdout, stderr io.Writer) error {
 
 	r := &report{cmd: command(args), c: c, skipped: skipped, started: time.Now(), machine: machine(), libs: libVersions()}
 	r.machine = append(r.machine, "Code measured: "+codeLabel(o.label))
-	r.loadAvg[0] = loadAvg()
+	r.loadAvg[0] = scale.LoadAvg()
 	for _, sc := range scs {
 		logf("%s: %s", sc.id, sc.title)
 		r.results = append(r.results, runScenario(e, c, sc, subs, logf))
 	}
 	r.duration = time.Since(r.started)
-	r.loadAvg[1] = loadAvg()
+	r.loadAvg[1] = scale.LoadAvg()
 	r.versions = e.versions()
 	return write(r, o, stdout, stderr)
 }

@@ -456,7 +456,7 @@ func benchManyHeld(b *testing.B, n int, hold time.Duration) {
 	perTick := float64(held) / hold.Seconds() * (ttl / 3).Seconds() / (float64(n) / 1000)
 	heap, stack := scale.PerItem(m0, m1, n)
 	b.Logf("%d leases (load %s): fill %.1fs, heap %.0f B/lease, stacks %.0f B/lease, %.2f goroutines/lease, %d round trips in %v = %.2f per 1,000 leases per tick, %d lost",
-		n, loadAvg(), fill.Seconds(), heap, stack,
+		n, scale.LoadAvg(), fill.Seconds(), heap, stack,
 		float64(m1.Goroutines-m0.Goroutines)/float64(n), held, hold, perTick, lost)
 	b.Logf("gRPC messages the server received during the hold (all clients): %s", srvDuring.counts())
 	b.ReportMetric(0, "ns/op")
@@ -470,17 +470,4 @@ func benchManyHeld(b *testing.B, n int, hold time.Duration) {
 	if err := scale.Each(n, 64, func(i int) error { return leases[i].Release(context.Background()) }); err != nil {
 		b.Error(err)
 	}
-}
-
-// loadAvg returns the 1-minute load average ("?" if unknown).
-func loadAvg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "?"
-	}
-	f := strings.Fields(string(b))
-	if len(f) == 0 {
-		return "?"
-	}
-	return f[0]
 }

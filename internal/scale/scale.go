@@ -6,7 +6,9 @@ package scale
 
 import (
 	"net"
+	"os"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 )
@@ -96,4 +98,18 @@ func (c *countConn) Read(p []byte) (int, error) {
 		c.reading.Store(true)
 	}
 	return n, err
+}
+
+// LoadAvg returns the machine's 1, 5 and 15 minute load averages as
+// "1.02, 0.88, 0.75", or "unknown" where /proc/loadavg cannot be read.
+func LoadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], ", ")
 }

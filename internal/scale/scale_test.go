@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"runtime"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -106,5 +107,15 @@ func TestCountRequests(t *testing.T) {
 	}
 	if got := n.Load(); got != 2 {
 		t.Errorf("got %d requests, want 2", got)
+	}
+}
+
+func TestLoadAvg(t *testing.T) {
+	got := scale.LoadAvg()
+	if runtime.GOOS != "linux" {
+		t.Skipf("no /proc/loadavg on %s (got %q)", runtime.GOOS, got)
+	}
+	if f := strings.Split(got, ", "); len(f) != 3 {
+		t.Errorf("got %q, want three load averages", got)
 	}
 }
