@@ -5,12 +5,17 @@ import (
 	"time"
 )
 
-// Backend is the driver a lock server implements. It does one round trip
-// per call and holds no policy: it never retries, sleeps or renews on its
-// own. The Client holds all policy (waiting, renewal, reentrancy
-// bookkeeping, loss detection). Backends are provided by the memlock,
-// redislock, redlock, etcdlock and zklock packages; users rarely implement
-// one.
+// Backend is the driver a lock server implements. The Client holds all
+// policy (waiting, renewal, reentrancy within a Client, loss detection);
+// a Backend translates one operation into as few round trips as its
+// server allows. It may retry a call internally, within the call's
+// context and a bound stated in its doc, when the retry is safe; keep
+// alive the session or lease its server protocol requires; and clean up
+// its own leftovers in the background. It never waits for a lock to be
+// free (except in Waiter.Wait) and never extends a lock on its own. The
+// rules every Backend keeps are the lease model in the package overview.
+// Backends are provided by the memlock, redislock, redlock, etcdlock and
+// zklock packages; users rarely implement one.
 //
 // Every method must be safe for concurrent use, honour ctx, and translate
 // driver-specific "nothing there" results into the errors of this package.
@@ -19,17 +24,19 @@ type Backend interface {
 	// lifetime r.TTL. When the lock is taken by another token it returns
 	// Grant{OK: false} and a nil error, with Grant.HolderTTL set when the
 	// backend knows the holder's remaining lifetime. When r.Reentrant is
-	// set and r.Token already holds the lock, the hold count grows and the
-	// holder's fence is returned again.
+	// set and r.Token already holds the lock, the hold count grows, the
+	// deadline becomes the later of the current one and now + r.TTL, and
+	// the holder's fence is returned again.
 	TryAcquire(ctx context.Context, r Request) (Grant, error)
 
-	// Refresh extends the lock to r.TTL from now if r.Token still holds it;
-	// otherwise it returns ErrNotHeld and changes nothing.
+	// Refresh sets the lock's deadline to the later of the current one and
+	// now + r.TTL if r.Token still holds the grant r.Fence names; otherwise
+	// it returns ErrNotHeld and changes nothing.
 	Refresh(ctx context.Context, r Request) error
 
-	// Release gives up one hold of r.Token on r.Key (the whole lock unless
-	// it is reentrant with a count above one). It returns ErrNotHeld, and
-	// changes nothing, when r.Token does not hold the lock.
+	// Release gives up one hold of r.Token's grant r.Fence on r.Key (the
+	// whole lock unless it is reentrant with a count above one). It returns
+	// ErrNotHeld, and changes nothing, when that grant does not hold it.
 	Release(ctx context.Context, r Request) error
 
 	// Close frees what the backend opened itself (subscriptions, sessions).
@@ -46,7 +53,7 @@ type Request struct {
 	Key       string        // the user's key, validated by the Client
 	Token     string        // the owner token: unique per lease, or the WithOwner id
 	TTL       time.Duration // the lease's lifetime, at least MinTTL
-	Reentrant bool          // same Token re-enters instead of waiting (WithOwner)
+	Reentrant bool          // same Token re-enters instead of waiting (WithOwner; first hold of the owner in a Client)
 	FIFO      bool          // ask a Waiter for strict arrival order (WithFIFO)
 	Fence     uint64        // on Refresh and Release: the fence the grant returned; on TryAcquire: 0, or a floor (see below)
 }
@@ -142,12 +149,20 @@ type ForceReleaser interface {
 	ForceRelease(ctx context.Context, key string) (Info, error)
 }
 
+// TTLFloor is an optional Backend capability for servers that cannot keep
+// a very short lease alive: MinTTL is the shortest TTL the backend renews
+// reliably (its renewal period TTL/3 must cover a round trip with margin).
+// The Client refuses a shorter TTL with an ErrInvalidTTL error.
+type TTLFloor interface {
+	MinTTL() time.Duration
+}
+
 // TTLLimiter is an optional Backend capability for servers that cannot
 // hold a lease longer than some bound (ZooKeeper: the session timeout).
-// A Client created without WithTTL uses MaxTTL when it is below
-// DefaultTTL; an explicit WithTTL above it fails at Acquire with the
-// backend's ErrInvalidTTL error. MaxTTL returns 0 when there is no bound
-// (or it is not known yet).
+// A Client created without WithTTL uses MaxTTL, read at each Acquire,
+// when it is below DefaultTTL; an explicit WithTTL above it fails at
+// Acquire with the backend's ErrInvalidTTL error. MaxTTL returns 0 when
+// there is no bound.
 type TTLLimiter interface {
 	MaxTTL() time.Duration
 }

@@ -23,19 +23,21 @@ type Client struct {
 	waiter   Waiter
 	loss     LossNotifier
 
-	mu       sync.Mutex
-	closed   bool
-	leases   map[*Lease]struct{}
-	owned    map[ownerKey][]*Lease
-	renew    leaseHeap   // auto-renewed leases by next renewal
-	expiry   leaseHeap   // other leases by expiry
-	timer    *time.Timer // runs tick; see watchdog.go
-	timerAt  time.Time   // when timer fires; zero when not pending
-	inflight bool        // a renewal batch is running
-	batches  sync.WaitGroup
+	mu        sync.Mutex
+	closed    bool
+	closing   <-chan struct{} // closeCtx.Done(): closed by Close, ends waits
+	closeCtx  context.Context
+	stopAll   context.CancelFunc
+	acquiring sync.WaitGroup
+	leases    map[*Lease]struct{}
+	owned     map[ownerKey]*holdGroup
+	renew     leaseHeap   // auto-renewed leases by next renewal
+	expiry    leaseHeap   // other leases by expiry
+	timer     *time.Timer // runs tick; see watchdog.go
+	timerAt   time.Time   // when timer fires; zero when not pending
+	inflight  bool        // a renewal batch is running
+	batches   sync.WaitGroup
 }
-
-type ownerKey struct{ key, owner string }
 
 // New returns a Client taking locks on b, configured by opts. New does
 // not contact the server. If b is nil or an option is invalid, the Client
@@ -46,8 +48,10 @@ func New(b Backend, opts ...Option) *Client {
 		b:      b,
 		cfg:    defaultConfig(),
 		leases: make(map[*Lease]struct{}),
-		owned:  make(map[ownerKey][]*Lease),
+		owned:  make(map[ownerKey]*holdGroup),
 	}
+	c.closeCtx, c.stopAll = context.WithCancel(context.Background())
+	c.closing = c.closeCtx.Done()
 	c.renew.at = func(l *Lease) time.Time { return l.next }
 	c.renew.idx = func(l *Lease) *int { return &l.renewIdx }
 	c.expiry.at = func(l *Lease) time.Time { return l.expAt }
@@ -57,10 +61,8 @@ func New(b Backend, opts ...Option) *Client {
 		return c
 	}
 	c.err = c.cfg.apply(opts)
-	if lim, ok := b.(TTLLimiter); ok && !c.cfg.ttlSet {
-		if max := lim.MaxTTL(); max >= MinTTL && max < c.cfg.ttl {
-			c.cfg.ttl = max
-		}
+	if c.err == nil && c.cfg.ttlSet {
+		c.err = c.checkFloor(c.cfg.ttl)
 	}
 	c.batch, _ = b.(BatchRefresher)
 	c.notifier, _ = b.(Notifier)
@@ -118,11 +120,13 @@ func (c *Client) Do(ctx context.Context, key string, fn func(ctx context.Context
 	return fn(work, l)
 }
 
-// Close releases every lease still held (each bounded by the release
-// timeout), stops the watchdog and closes the backend's own resources
-// (not clients passed to the backend by the caller). Calls after Close
-// fail with ErrClosed. Close returns the errors of releases that failed
-// for a reason other than the lease being lost.
+// Close ends the Client: waits in progress end with ErrClosed, acquisitions
+// already at the server finish (a grant that arrives is given back), every
+// lease still held is released (each bounded by the release timeout), the
+// watchdog stops and the backend's own resources are closed (not clients
+// passed to the backend by the caller). Calls after Close fail with
+// ErrClosed. Close returns the errors of releases that failed for a reason
+// other than the lease being lost.
 func (c *Client) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -130,12 +134,27 @@ func (c *Client) Close() error {
 		return nil
 	}
 	c.closed = true
+	c.stopAll()
+	c.mu.Unlock()
+
+	// Acquisitions in flight see closed when their answer comes and give
+	// a grant back while the backend is still open. A server that does
+	// not answer is waited for at most the release timeout.
+	done := make(chan struct{})
+	go func() { c.acquiring.Wait(); close(done) }()
+	t := time.NewTimer(c.cfg.releaseTimeout)
+	select {
+	case <-done:
+	case <-t.C:
+	}
+	t.Stop()
+
+	c.mu.Lock()
 	held := make([]*Lease, 0, len(c.leases))
 	for l := range c.leases {
 		held = append(held, l)
 	}
 	c.mu.Unlock()
-
 	var errs []error
 	for _, l := range held {
 		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.releaseTimeout)
@@ -186,6 +205,9 @@ func (c *Client) acquire(ctx context.Context, key string, opts []Option, once bo
 	if err := cfg.apply(opts); err != nil {
 		return nil, wrapOp("acquire", key, err)
 	}
+	if err := c.effectiveTTL(&cfg); err != nil {
+		return nil, wrapOp("acquire", key, err)
+	}
 	if once {
 		cfg.wait = NoWait()
 	}
@@ -193,27 +215,31 @@ func (c *Client) acquire(ctx context.Context, key string, opts []Option, once bo
 		return nil, wrapOp("acquire", key, fmt.Errorf("%w: WithFIFO: backend %T has no server-side queue", ErrInvalidOption, c.b))
 	}
 	c.mu.Lock()
-	closed := c.closed
-	c.mu.Unlock()
-	if closed {
+	if c.closed {
+		c.mu.Unlock()
 		return nil, wrapOp("acquire", key, ErrClosed)
 	}
+	c.acquiring.Add(1)
+	c.mu.Unlock()
+	defer c.acquiring.Done()
 
 	req := Request{Key: key, TTL: cfg.ttl, FIFO: cfg.fifo, Token: c.token(cfg), Reentrant: cfg.owner != ""}
-	if req.Reentrant {
-		if err := c.checkReentry(key, cfg.owner); err != nil {
-			return nil, wrapOp("acquire", key, err)
-		}
-	}
-
 	if len(cfg.observers) == 0 {
-		return c.acquireWait(ctx, req, cfg)
+		return c.acquireAs(ctx, req, cfg, once)
 	}
 	start := time.Now()
 	ctx = observe(ctx, cfg.observers, Event{Kind: EventAcquireStart, Key: key})
-	l, err := c.acquireWait(ctx, req, cfg)
+	l, err := c.acquireAs(ctx, req, cfg, once)
 	observe(ctx, cfg.observers, Event{Kind: EventAcquireEnd, Key: key, Lease: l, Err: err, Duration: time.Since(start)})
 	return l, err
+}
+
+// acquireAs takes the lock for an owner (joining its holds) or a new token.
+func (c *Client) acquireAs(ctx context.Context, req Request, cfg config, once bool) (*Lease, error) {
+	if req.Reentrant {
+		return c.acquireOwned(ctx, req, cfg, once)
+	}
+	return c.acquireWait(ctx, req, cfg)
 }
 
 func (c *Client) acquireWait(ctx context.Context, req Request, cfg config) (*Lease, error) {
@@ -239,12 +265,15 @@ func (c *Client) token(cfg config) string {
 
 // acquireLoop tries, and between tries waits for a release notification,
 // the holder's remaining TTL or the strategy's delay, whichever is first.
+// attempt counts the strategy's attempts; the retry right after a new
+// subscription (a release may have come before it) is not one of them.
 func (c *Client) acquireLoop(ctx context.Context, req Request, cfg config) (*Lease, error) {
 	var (
 		sub       <-chan struct{}
 		stopSub   func()
 		subFailed bool
 		timer     *time.Timer
+		calls     int
 	)
 	defer func() {
 		if stopSub != nil {
@@ -252,23 +281,25 @@ func (c *Client) acquireLoop(ctx context.Context, req Request, cfg config) (*Lea
 		}
 		if timer != nil {
 			timer.Stop()
+			c.setWaiting(cfg.group, false)
 			observe(ctx, cfg.observers, Event{Kind: EventWaitEnd, Key: req.Key})
 		}
 	}()
 	for attempt := 1; ; attempt++ {
+		calls++
 		invoke := time.Now()
 		g, err := c.b.TryAcquire(ctx, req)
 		if len(cfg.observers) > 0 {
-			observe(ctx, cfg.observers, Event{Kind: EventAttempt, Key: req.Key, Attempt: attempt, Granted: g.OK, HolderTTL: g.HolderTTL, Err: err})
+			observe(ctx, cfg.observers, Event{Kind: EventAttempt, Key: req.Key, Attempt: calls, Granted: g.OK, HolderTTL: g.HolderTTL, Err: err})
 		}
 		if err != nil {
 			if ctx.Err() != nil {
-				return nil, &AcquireError{Key: req.Key, Attempts: attempt, Cause: context.Cause(ctx), Last: err}
+				return nil, ctxAcquireError(req.Key, attempt, ctx, err)
 			}
 			return nil, wrapOp("acquire", req.Key, err)
 		}
 		if g.OK {
-			return c.grant(ctx, req, g, invoke, cfg)
+			return c.grant(ctx, req, g, invoke, cfg, attempt)
 		}
 		d, ok := cfg.wait.Delay(attempt)
 		if !ok {
@@ -282,10 +313,11 @@ func (c *Client) acquireLoop(ctx context.Context, req Request, cfg config) (*Lea
 				// bounded by the holder's TTL and the strategy anyway.
 				sub, stopSub, err = c.notifier.Subscribe(ctx, req.Key)
 				if err == nil {
+					attempt--
 					continue
 				}
 				if ctx.Err() != nil {
-					return nil, &AcquireError{Key: req.Key, Attempts: attempt, Cause: context.Cause(ctx), Last: err}
+					return nil, ctxAcquireError(req.Key, attempt, ctx, err)
 				}
 				sub, stopSub, subFailed = nil, nil, true
 			}
@@ -294,6 +326,7 @@ func (c *Client) acquireLoop(ctx context.Context, req Request, cfg config) (*Lea
 			}
 		}
 		if timer == nil {
+			c.setWaiting(cfg.group, true)
 			observe(ctx, cfg.observers, Event{Kind: EventWaitStart, Key: req.Key})
 			timer = time.NewTimer(d)
 		} else {
@@ -301,7 +334,9 @@ func (c *Client) acquireLoop(ctx context.Context, req Request, cfg config) (*Lea
 		}
 		select {
 		case <-ctx.Done():
-			return nil, &AcquireError{Key: req.Key, Attempts: attempt, Cause: context.Cause(ctx)}
+			return nil, ctxAcquireError(req.Key, attempt, ctx, nil)
+		case <-c.closing:
+			return nil, wrapOp("acquire", req.Key, ErrClosed)
 		case <-sub:
 		case <-timer.C:
 		}
@@ -312,16 +347,21 @@ func (c *Client) acquireLoop(ctx context.Context, req Request, cfg config) (*Lea
 // strategy's patience. fallback reports that the backend offers no queue
 // for this request (non-FIFO Redis) and the retry loop must be used.
 func (c *Client) acquireQueued(ctx context.Context, req Request, cfg config) (l *Lease, err error, fallback bool) {
-	wctx := ctx
+	wctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stop := context.AfterFunc(c.closeCtx, func() { cancel(ErrClosed) })
+	defer stop()
 	if p, finite := patience(cfg.wait); finite {
-		var cancel context.CancelFunc
-		wctx, cancel = context.WithTimeout(ctx, p)
-		defer cancel()
+		var cancelT context.CancelFunc
+		wctx, cancelT = context.WithTimeout(wctx, p)
+		defer cancelT()
 	}
 	invoke := time.Now()
+	c.setWaiting(cfg.group, true)
 	observe(ctx, cfg.observers, Event{Kind: EventWaitStart, Key: req.Key})
 	g, err := c.waiter.Wait(wctx, req)
 	observe(ctx, cfg.observers, Event{Kind: EventWaitEnd, Key: req.Key})
+	c.setWaiting(cfg.group, false)
 	if errors.Is(err, errors.ErrUnsupported) && !req.FIFO {
 		return nil, nil, true
 	}
@@ -350,10 +390,12 @@ func (c *Client) acquireQueued(ctx context.Context, req Request, cfg config) (l 
 			cancel()
 			g.TTL = 0
 		}
-		l, err := c.grant(ctx, req, g, invoke, cfg)
+		l, err := c.grant(ctx, req, g, invoke, cfg, 1)
 		return l, err, false
 	case ctx.Err() != nil:
-		return nil, &AcquireError{Key: req.Key, Attempts: 1, Cause: context.Cause(ctx)}, false
+		return nil, ctxAcquireError(req.Key, 1, ctx, nil), false
+	case errors.Is(context.Cause(wctx), ErrClosed):
+		return nil, wrapOp("acquire", req.Key, ErrClosed), false
 	case wctx.Err() != nil || err == nil:
 		return nil, &AcquireError{Key: req.Key, Attempts: 1}, false
 	default:
@@ -361,14 +403,14 @@ func (c *Client) acquireQueued(ctx context.Context, req Request, cfg config) (l 
 	}
 }
 
-// grant turns a successful attempt into a tracked Lease.
-func (c *Client) grant(ctx context.Context, req Request, g Grant, invoke time.Time, cfg config) (*Lease, error) {
+// newLease builds the Lease of a grant made at invoke; it is not tracked.
+func (c *Client) newLease(req Request, g Grant, invoke time.Time, cfg config) *Lease {
 	req.Fence = g.Fence
 	valid := req.TTL // the lock's lifetime from invoke
 	if g.TTL > 0 && g.TTL < req.TTL {
 		valid = g.TTL
 	}
-	l := &Lease{
+	return &Lease{
 		c:              c,
 		req:            req,
 		count:          max(g.Count, 1),
@@ -384,108 +426,69 @@ func (c *Client) grant(ctx context.Context, req Request, g Grant, invoke time.Ti
 		renewIdx:       -1,
 		expIdx:         -1,
 	}
-	if req.Reentrant {
-		if err := c.checkRegrant(l); err != nil {
-			return nil, err
-		}
+}
+
+// grant turns a successful server attempt into a tracked Lease, or gives
+// the lock back when it cannot be used (expired already, Client closed).
+func (c *Client) grant(ctx context.Context, req Request, g Grant, invoke time.Time, cfg config, attempts int) (*Lease, error) {
+	l := c.newLease(req, g, invoke, cfg)
+	giveBack := func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.releaseTimeout)
+		_ = c.b.Release(rctx, l.req)
+		cancel()
 	}
 	if !time.Now().Before(l.expires) {
 		// The grant took longer than the lease's validity: it may already
 		// have expired on the server. Give it back and report it.
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.releaseTimeout)
-		_ = c.b.Release(rctx, req)
-		cancel()
-		return nil, wrapOp("acquire", req.Key, fmt.Errorf("%w: the grant took longer than the TTL %v", ErrNotAcquired, req.TTL))
+		giveBack()
+		return nil, &AcquireError{Key: req.Key, Attempts: attempts, Cause: fmt.Errorf("the grant took longer than the TTL %v", req.TTL)}
 	}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.releaseTimeout)
-		_ = c.b.Release(rctx, req)
-		cancel()
+		giveBack()
 		return nil, wrapOp("acquire", req.Key, ErrClosed)
 	}
 	c.leases[l] = struct{}{}
 	if req.Reentrant {
 		k := ownerKey{req.Key, req.Token}
-		c.owned[k] = append(c.owned[k], l)
+		gr := c.owned[k]
+		if gr == nil {
+			gr = &holdGroup{gate: make(chan struct{}, 1)}
+			c.owned[k] = gr
+		}
+		gr.holds = append(gr.holds, l)
 	}
 	c.track(l)
 	c.mu.Unlock()
-	if c.loss != nil {
-		stop := c.loss.NotifyLoss(req, l.lose)
-		l.mu.Lock()
-		if l.err == nil {
-			l.stopLoss = stop
-			stop = nil
-		}
-		l.mu.Unlock()
-		if stop != nil {
-			stop()
-		}
-	}
+	c.watchLoss(l)
 	return l, nil
 }
 
-// checkReentry refuses to re-enter a lock whose earlier hold by the same
-// owner in this Client was lost: re-entering would silently re-acquire.
-func (c *Client) checkReentry(key, owner string) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for _, l := range c.owned[ownerKey{key, owner}] {
-		if err := l.Err(); err != nil && errors.Is(err, ErrLost) {
-			return err
-		}
+// watchLoss registers l with the backend's loss notification, if any.
+func (c *Client) watchLoss(l *Lease) {
+	if c.loss == nil {
+		return
 	}
-	return nil
+	stop := c.loss.NotifyLoss(l.req, l.lose)
+	l.mu.Lock()
+	if l.err == nil {
+		l.stopLoss = stop
+		stop = nil
+	}
+	l.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
 }
 
-// checkRegrant detects a first-count grant while this Client still has a
-// live hold of the same key by the same owner: the server forgot the
-// earlier hold (it expired), so those holds are lost and this one is
-// given back.
-func (c *Client) checkRegrant(l *Lease) error {
-	if l.count > 1 {
-		return nil
-	}
-	c.mu.Lock()
-	earlier := append([]*Lease(nil), c.owned[ownerKey{l.req.Key, l.req.Token}]...)
-	c.mu.Unlock()
-	if len(earlier) == 0 {
-		return nil
-	}
-	cause := fmt.Errorf("%w: the server no longer held the earlier reentrant hold", ErrLost)
-	for _, e := range earlier {
-		e.lose(cause)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.releaseTimeout)
-	_ = c.b.Release(ctx, l.req)
-	cancel()
-	return wrapOp("acquire", l.req.Key, cause)
-}
-
-// forget drops an ended lease from the Client's bookkeeping. A lost
-// reentrant lease stays listed under its owner until it is released, so
-// that re-entry reports the loss instead of silently re-acquiring.
-func (c *Client) forget(l *Lease, keepOwned bool) {
+// forget drops an ended lease from the Client's leases and the watchdog.
+// A lost reentrant lease stays in its owner's group until it is released,
+// so that re-entry reports the loss instead of silently re-acquiring.
+func (c *Client) forget(l *Lease) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	delete(c.leases, l)
-	if l.req.Reentrant && !keepOwned {
-		k := ownerKey{l.req.Key, l.req.Token}
-		list := c.owned[k]
-		for i, e := range list {
-			if e == l {
-				list = append(list[:i], list[i+1:]...)
-				break
-			}
-		}
-		if len(list) == 0 {
-			delete(c.owned, k)
-		} else {
-			c.owned[k] = list
-		}
-	}
 	c.renew.remove(l)
 	c.expiry.remove(l)
 }

@@ -32,22 +32,64 @@
 //     every Context from Lease.Context is cancelled with cause ErrLost, and
 //     the WithOnLost hook runs.
 //
+// # The lease model
+//
+// A lock on a key is held on the server by at most one owner token: one
+// grant with a fence, a hold count and a deadline. A Lease is one hold of
+// it in one Client. The rules below make "a grant never overlaps another
+// owner's live lease" hold under reentrancy, Refresh and cancellation:
+//
+//   - Deadlines never move back. Every operation that sets a lock's
+//     lifetime (a grant, a re-entry, Refresh, a watchdog renewal, a FIFO
+//     hand-off's confirmation) sets the deadline to the later of the
+//     current one and now + TTL. A re-entry with a shorter TTL, a
+//     Refresh to a shorter TTL or a late renewal carrying an older TTL
+//     never lets the lock go before another hold's Expires.
+//   - Expires never exceeds the server's deadline: it is the invoke time
+//     of the last successful operation on the hold plus its TTL minus the
+//     drift. After Refresh it is the later of the two values.
+//   - Refresh, renewals and Release act only on the grant they came from:
+//     they compare the owner token and the fence, so a hold of an earlier
+//     grant (lost, then granted again to the same owner) changes nothing.
+//   - Reentrancy within a Client is the Client's: the holds of one
+//     (key, WithOwner id) in a Client share one server hold. The first is
+//     taken on the server; later ones join it without a round trip (or
+//     with one Refresh when their TTL reaches past every live hold's
+//     Expires); the release of the last live hold gives it back. Goroutines
+//     may share an owner id: first acquisitions of one owner are
+//     serialised, so they never race on the server. Two Clients (or
+//     processes) sharing an owner id re-enter each other's hold on the
+//     server, where backends support it (ZooKeeper keeps owners per
+//     session); each Client then gives back its own share.
+//   - A re-entry whose context ends mid-flight leaves nothing in the
+//     Client; on the server it leaves at most a raised hold count or a
+//     later deadline, and the lock is then free at most one TTL after the
+//     owner's last renewal.
+//   - A hold lost (the server reports the grant gone, or it expired
+//     unrenewed) blocks further re-entries by its owner in that Client,
+//     with an ErrLost error, until it is released: nested code must not
+//     silently take a fresh lock inside a compromised critical section.
+//     A server-reported loss ends every hold of the grant in the Client.
+//   - Close ends waits in progress, gives back grants that arrive while
+//     it closes, releases every lease, then closes the backend: after
+//     Close returns, nothing the Client took stays held (unless the server
+//     did not answer within the release timeout; it then expires).
+//
 // # Policy lives in the Client
 //
-// Backends do one round trip per operation and never retry, sleep or
-// renew on their own. The Client:
+// Backends translate one operation into as few round trips as the server
+// allows (see Backend for what they may do on their own). The Client:
 //
 //   - waits with a stateless WaitStrategy (NoWait, Constant, Exponential
 //     with full jitter, Limit); a release notification (Notifier) ends a
 //     wait early and each wait is bounded by the holder's remaining TTL;
 //     backends with a server-side queue (Waiter) serve WithFIFO waiters in
 //     arrival order;
-//   - renews every lease from one watchdog goroutine per Client, every
+//   - renews every lease from one watchdog timer per Client, every
 //     TTL/3, batching renewals (BatchRefresher: one round trip per server);
 //     a failing renewal is retried until the lease could have expired, then
 //     the lease is lost;
-//   - keeps reentrancy bookkeeping (WithOwner) and refuses to re-enter a
-//     lock whose earlier hold was lost.
+//   - keeps reentrancy bookkeeping (WithOwner) as described above.
 //
 // # Backends
 //

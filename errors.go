@@ -64,16 +64,19 @@ func (e *NodeError) Error() string {
 // Unwrap returns the node's error.
 func (e *NodeError) Unwrap() error { return e.Err }
 
-// AcquireError is returned when Acquire gives up. It always matches
-// ErrNotAcquired; when the caller's context ended the wait it also matches
-// the context's error, and Cause holds context.Cause(ctx). When the wait
-// strategy ran out of attempts, Cause is nil: "gave up" and "context done"
-// are told apart with errors.Is(err, context.DeadlineExceeded) or by Cause.
+// AcquireError is returned when an acquisition ends without the lock. It
+// always matches ErrNotAcquired. When the caller's context ended the wait
+// it also matches ctx.Err() and Cause holds context.Cause(ctx) (a cause of
+// its own set with context.WithCancelCause or WithTimeoutCause matches
+// too). When the wait strategy gave up, Cause is nil; otherwise Cause says
+// why the lock could not be used (a grant that came too late).
 type AcquireError struct {
 	Key      string // the lock's key
-	Attempts int    // acquisition attempts made (server round trips or queue waits)
+	Attempts int    // attempts made, as the wait strategy counts them (a queue wait is one)
 	Cause    error  // why the wait ended early, or nil when the strategy gave up
 	Last     error  // the last attempt's server error, if the context ended during it
+
+	ctxErr error // ctx.Err() when the context ended the wait
 }
 
 // Error describes the key, the attempts and the cause.
@@ -97,10 +100,13 @@ func (e *AcquireError) Error() string {
 	return b.String()
 }
 
-// Unwrap returns ErrNotAcquired and, when set, the cause and the last
-// attempt's error.
+// Unwrap returns ErrNotAcquired and, when set, the context's error, the
+// cause and the last attempt's error.
 func (e *AcquireError) Unwrap() []error {
 	errs := []error{ErrNotAcquired}
+	if e.ctxErr != nil && e.ctxErr != e.Cause {
+		errs = append(errs, e.ctxErr)
+	}
 	if e.Cause != nil {
 		errs = append(errs, e.Cause)
 	}

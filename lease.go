@@ -127,12 +127,14 @@ func (l *Lease) Context(parent context.Context) (context.Context, context.Cancel
 	}
 }
 
-// Refresh extends the lease to ttl from now (ttl 0 means the lease's
-// current TTL) and makes ttl the lease's TTL for later renewals. It
-// returns an error matching ErrReleased or ErrLost if the lease already
-// ended, and one matching ErrNotHeld (the lease is then lost) if the
-// server no longer holds it for this owner. On any other error (the
-// server did not answer) the lease is unchanged.
+// Refresh extends the lease to at least ttl from now (ttl 0 means the
+// lease's current TTL) and makes ttl the lease's TTL for later renewals.
+// A lock's deadline never moves back: a shorter ttl shortens only the
+// renewal period, and Expires becomes the later of its current value and
+// now + ttl − drift. It returns an error matching ErrReleased or ErrLost
+// if the lease already ended, and one matching ErrNotHeld (the lease is
+// then lost) if the server no longer holds it for this owner. On any other
+// error (the server did not answer) the lease is unchanged.
 func (l *Lease) Refresh(ctx context.Context, ttl time.Duration) error {
 	if ctx == nil {
 		return wrapOp("refresh", l.req.Key, fmt.Errorf("%w: nil context", ErrInvalidOption))
@@ -145,6 +147,9 @@ func (l *Lease) Refresh(ctx context.Context, ttl time.Duration) error {
 	l.mu.Unlock()
 	if ttl < MinTTL {
 		return wrapOp("refresh", l.req.Key, fmt.Errorf("%w: %v is below the minimum %v", ErrInvalidTTL, ttl, MinTTL))
+	}
+	if ferr := l.c.checkFloor(ttl); ferr != nil {
+		return wrapOp("refresh", l.req.Key, ferr)
 	}
 	if err != nil {
 		return wrapOp("refresh", l.req.Key, err)
@@ -165,12 +170,19 @@ func (l *Lease) Refresh(ctx context.Context, ttl time.Duration) error {
 	l.mu.Lock()
 	if l.err == nil {
 		l.ttl = ttl
-		l.expires = exp
-		if l.expIdx >= 0 {
-			l.expAt = exp
-			heap.Fix(&l.c.expiry, l.expIdx)
-			l.c.scheduleLocked()
+		if exp.After(l.expires) {
+			l.expires = exp
 		}
+		if l.expIdx >= 0 {
+			l.expAt = l.expires
+			heap.Fix(&l.c.expiry, l.expIdx)
+		}
+		if next := invoke.Add(ttl / 3); l.renewIdx >= 0 && next.Before(l.next) {
+			// A shorter TTL renews sooner from now on.
+			l.next = next
+			heap.Fix(&l.c.renew, l.renewIdx)
+		}
+		l.c.scheduleLocked()
 	}
 	l.mu.Unlock()
 	l.c.mu.Unlock()
@@ -209,15 +221,22 @@ func (l *Lease) release(ctx context.Context) error {
 	lostErr := l.err
 	l.mu.Unlock()
 
+	// Other live holds of the same owner in this Client keep the server
+	// hold; only the last one gives it back.
+	last := l.c.leaveGroup(l)
 	if lostErr != nil {
 		// Lost while we held it. Clean up on the server in case the loss was
-		// local only (renewals timed out); the token comparison makes this
-		// harmless if someone else holds the lock now.
-		if !errors.Is(lostErr, ErrNotHeld) {
+		// local only (renewals timed out); the token and fence comparison
+		// makes this harmless if someone else holds the lock now.
+		if last && !errors.Is(lostErr, ErrNotHeld) {
 			_ = l.c.b.Release(ctx, l.request())
 		}
-		l.c.forget(l, false)
+		l.c.forget(l)
 		return wrapOp("release", l.req.Key, lostErr)
+	}
+	if !last {
+		l.end(ErrReleased, false)
+		return nil
 	}
 	err := l.c.b.Release(ctx, l.request())
 	if errors.Is(err, ErrNotHeld) {
@@ -228,6 +247,12 @@ func (l *Lease) release(ctx context.Context) error {
 	return wrapOp("release", l.req.Key, err)
 }
 
+func (l *Lease) isReleasing() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.releasing
+}
+
 func (l *Lease) request() Request {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -236,17 +261,30 @@ func (l *Lease) request() Request {
 	return r
 }
 
-// lose ends the lease as lost with cause.
+// lose ends the lease as lost with cause, reported by the server (the
+// lock is gone or another owner's): the other holds of the same grant in
+// this Client are lost with it.
 func (l *Lease) lose(cause error) {
 	if !errors.Is(cause, ErrLost) {
 		cause = fmt.Errorf("%w: %w", ErrLost, cause)
 	}
-	l.end(cause, true)
+	if l.end(cause, true) {
+		for _, s := range l.c.siblings(l) {
+			s.end(cause, true)
+		}
+	}
 }
 
-// end ends the lease once with err; later calls do nothing. Observers
-// hear of a loss before Done closes, so a log line precedes the wake-up,
-// and the lease's contexts are cancelled before Done closes.
+// expire ends the lease as lost because its validity ran out locally
+// (unrenewed, or renewals failing): other holds of the grant keep theirs.
+func (l *Lease) expire(cause error) {
+	l.end(fmt.Errorf("%w: %w", ErrLost, cause), true)
+}
+
+// end ends the lease once with err and reports whether it did; later
+// calls do nothing. Observers hear of a loss before Done closes, so a log
+// line precedes the wake-up, and the lease's contexts are cancelled
+// before Done closes.
 func (l *Lease) end(err error, lost bool) bool {
 	l.mu.Lock()
 	if l.err != nil {
@@ -263,7 +301,7 @@ func (l *Lease) end(err error, lost bool) bool {
 	if stop != nil {
 		stop()
 	}
-	l.c.forget(l, lost)
+	l.c.forget(l)
 	if lost {
 		observe(context.Background(), l.observers, Event{Kind: EventLost, Key: l.req.Key, Lease: l, Err: err, Duration: time.Since(l.created)})
 		if l.onLost != nil {

@@ -2,6 +2,7 @@ package dlock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -21,17 +22,19 @@ type MultiAcquirer interface {
 	TryAcquireAll(ctx context.Context, rs []Request) ([]Grant, error)
 }
 
-// AcquireMany takes every key or none: the seed's "lock order:1 and
-// order:2 together". Keys are taken in sorted order (groups the backend
-// can take atomically, such as keys of one Redis Cluster slot, in one
-// step), so two callers with overlapping key sets never deadlock; while a
-// later key is awaited the earlier ones stay held. On failure every lock
-// taken so far is released (with a fresh context bounded by the release
-// timeout) and the error of the key that failed is returned. The leases
-// are returned in the order of keys, each with its own fence; release
-// each of them. WithFIFO applies to keys taken one by one; a group taken
-// in one step waits by retrying on notifications. No keys, an invalid key or a key given twice is an
-// ErrInvalidKey error.
+// AcquireMany takes every key or none. Keys are taken in sorted order
+// (groups the backend can take atomically, such as keys of one Redis
+// Cluster slot, in one step), so two callers with overlapping key sets
+// never deadlock; while a later key is awaited the earlier ones stay held
+// (with WithAutoRenew(false), the wait for a later key ends before an
+// earlier lease would expire). On failure every lock taken so far is
+// released (with a fresh context bounded by the release timeout) and the
+// error of the key that failed is returned. The leases are returned in the
+// order of keys, each with its own fence; release each of them. WithFIFO
+// applies to keys taken one by one; a group taken in one step waits by
+// retrying on notifications; with WithOwner every key is taken on its
+// own. No keys, an invalid key or a key given twice is an ErrInvalidKey
+// error.
 func (c *Client) AcquireMany(ctx context.Context, keys []string, opts ...Option) ([]*Lease, error) {
 	if c == nil {
 		return nil, fmt.Errorf("%w: nil Client", ErrInvalidOption)
@@ -39,6 +42,14 @@ func (c *Client) AcquireMany(ctx context.Context, keys []string, opts ...Option)
 	if c.err != nil {
 		return nil, wrapOp("acquire", fmt.Sprint(keys), c.err)
 	}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil, wrapOp("acquire", fmt.Sprint(keys), ErrClosed)
+	}
+	c.acquiring.Add(1)
+	c.mu.Unlock()
+	defer c.acquiring.Done()
 	if ctx == nil {
 		return nil, wrapOp("acquire", fmt.Sprint(keys), fmt.Errorf("%w: nil context", ErrInvalidOption))
 	}
@@ -59,10 +70,13 @@ func (c *Client) AcquireMany(ctx context.Context, keys []string, opts ...Option)
 	if err := cfg.apply(opts); err != nil {
 		return nil, wrapOp("acquire", fmt.Sprint(keys), err)
 	}
+	if err := c.effectiveTTL(&cfg); err != nil {
+		return nil, wrapOp("acquire", fmt.Sprint(keys), err)
+	}
 
 	var groups [][]string
 	multi, _ := c.b.(MultiAcquirer)
-	if multi != nil {
+	if multi != nil && cfg.owner == "" {
 		groups = multi.Groups(sorted)
 	} else {
 		for _, k := range sorted {
@@ -79,22 +93,43 @@ func (c *Client) AcquireMany(ctx context.Context, keys []string, opts ...Option)
 		return nil, err
 	}
 	for _, g := range groups {
-		if len(g) == 1 || multi == nil {
-			for _, k := range g {
-				l, err := c.acquire(ctx, k, opts, false)
-				if err != nil {
-					return fail(err)
-				}
-				held[k] = l
-			}
-			continue
+		// Without auto-renew the leases taken so far run out: wait for the
+		// next keys no longer than the earliest of them stays valid.
+		wctx, cancel := ctx, context.CancelFunc(func() {})
+		if !cfg.autoRenew && len(held) > 0 {
+			wctx, cancel = context.WithDeadlineCause(ctx, earliestExpiry(held), errHeldExpire)
 		}
-		ls, err := c.acquireGroup(ctx, multi, g, cfg)
+		var ls []*Lease
+		var err error
+		if len(g) == 1 || multi == nil || cfg.owner != "" {
+			for _, k := range g {
+				var l *Lease
+				if l, err = c.acquire(wctx, k, opts, false); err != nil {
+					break
+				}
+				ls = append(ls, l)
+			}
+		} else {
+			ls, err = c.acquireGroup(wctx, multi, g, cfg)
+		}
+		for i, l := range ls {
+			held[g[i]] = l
+		}
+		cancel()
 		if err != nil {
+			if ctx.Err() == nil && errors.Is(err, errHeldExpire) {
+				var ae *AcquireError
+				if errors.As(err, &ae) {
+					err = &AcquireError{Key: ae.Key, Attempts: ae.Attempts, Cause: errHeldExpire}
+				}
+			}
 			return fail(err)
 		}
-		for i, k := range g {
-			held[k] = ls[i]
+	}
+	now := time.Now()
+	for _, l := range held {
+		if l.Err() != nil || !now.Before(l.Expires()) {
+			return fail(&AcquireError{Key: l.Key(), Attempts: 1, Cause: errHeldExpire})
 		}
 	}
 	out := make([]*Lease, len(keys))
@@ -104,16 +139,36 @@ func (c *Client) AcquireMany(ctx context.Context, keys []string, opts ...Option)
 	return out, nil
 }
 
+// errHeldExpire ends an AcquireMany wait that would outlast the leases
+// already taken (WithAutoRenew(false)).
+var errHeldExpire = errors.New("dlock: the leases already taken would expire before the remaining keys were acquired (auto-renew is off)")
+
+func earliestExpiry(held map[string]*Lease) time.Time {
+	var t time.Time
+	for _, l := range held {
+		if e := l.Expires(); t.IsZero() || e.Before(t) {
+			t = e
+		}
+	}
+	return t
+}
+
 // acquireGroup is acquireLoop for a group taken in one step.
 func (c *Client) acquireGroup(ctx context.Context, multi MultiAcquirer, keys []string, cfg config) ([]*Lease, error) {
 	reqs := make([]Request, len(keys))
 	for i, k := range keys {
 		reqs[i] = Request{Key: k, TTL: cfg.ttl, Token: c.token(cfg), Reentrant: cfg.owner != ""}
 	}
-	var timer *time.Timer
+	var (
+		timer   *time.Timer
+		stopSub func()
+	)
 	defer func() {
 		if timer != nil {
 			timer.Stop()
+		}
+		if stopSub != nil {
+			stopSub()
 		}
 	}()
 	for attempt := 1; ; attempt++ {
@@ -121,7 +176,7 @@ func (c *Client) acquireGroup(ctx context.Context, multi MultiAcquirer, keys []s
 		gs, err := multi.TryAcquireAll(ctx, reqs)
 		if err != nil {
 			if ctx.Err() != nil {
-				return nil, &AcquireError{Key: fmt.Sprint(keys), Attempts: attempt, Cause: context.Cause(ctx)}
+				return nil, ctxAcquireError(fmt.Sprint(keys), attempt, ctx, err)
 			}
 			return nil, wrapOp("acquire", fmt.Sprint(keys), err)
 		}
@@ -144,10 +199,13 @@ func (c *Client) acquireGroup(ctx context.Context, multi MultiAcquirer, keys []s
 		}
 		var sub <-chan struct{}
 		if c.notifier != nil {
+			if stopSub != nil {
+				stopSub()
+				stopSub = nil
+			}
 			ch, stop, err := c.notifier.Subscribe(ctx, keys[blocked])
 			if err == nil {
-				defer stop()
-				sub = ch
+				sub, stopSub = ch, stop
 			}
 		}
 		if timer == nil {
@@ -157,7 +215,9 @@ func (c *Client) acquireGroup(ctx context.Context, multi MultiAcquirer, keys []s
 		}
 		select {
 		case <-ctx.Done():
-			return nil, &AcquireError{Key: keys[blocked], Attempts: attempt, Cause: context.Cause(ctx)}
+			return nil, ctxAcquireError(keys[blocked], attempt, ctx, nil)
+		case <-c.closing:
+			return nil, wrapOp("acquire", keys[blocked], ErrClosed)
 		case <-sub:
 		case <-timer.C:
 		}
@@ -168,7 +228,7 @@ func (c *Client) acquireGroup(ctx context.Context, multi MultiAcquirer, keys []s
 func (c *Client) grantAll(ctx context.Context, reqs []Request, gs []Grant, invoke time.Time, cfg config) ([]*Lease, error) {
 	ls := make([]*Lease, 0, len(reqs))
 	for i, r := range reqs {
-		l, err := c.grant(ctx, r, gs[i], invoke, cfg)
+		l, err := c.grant(ctx, r, gs[i], invoke, cfg, 1)
 		if err != nil {
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.releaseTimeout)
 			for _, l := range ls {

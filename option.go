@@ -44,6 +44,8 @@ type config struct {
 	releaseTimeout time.Duration
 	onLost         func(*Lease, error)
 	observers      []Observer
+
+	group *holdGroup // per call: the owner's group whose gate the call holds
 }
 
 func defaultConfig() config {

@@ -4,6 +4,7 @@ import (
 	"container/heap"
 	"context"
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -112,7 +113,7 @@ func (c *Client) tick() {
 	c.mu.Unlock()
 
 	for _, l := range lost {
-		l.lose(errors.New("lease expired before it was renewed"))
+		l.expire(errors.New("lease expired before it was renewed"))
 	}
 	if len(batch) > 0 {
 		defer c.batches.Done()
@@ -176,17 +177,19 @@ func (c *Client) settle(r renewResult) {
 			continue
 		}
 		report[i] = true
+		// The lease's TTL now: a Refresh during the batch may have changed it.
+		cur := l.TTL()
 		switch {
 		case err == nil:
-			l.next = r.invoke.Add(ttl / 3)
+			l.next = r.invoke.Add(min(ttl, cur) / 3)
 		case errors.Is(err, ErrNotHeld):
 			lost, causes = append(lost, l), append(causes, err)
 			continue
 		case !now.Before(expires):
-			lost, causes = append(lost, l), append(causes, err)
+			lost, causes = append(lost, l), append(causes, fmt.Errorf("%w (renewals failed until it could have expired)", err))
 			continue
 		default:
-			retry := min(max(ttl/10, time.Millisecond), max(expires.Sub(now)/2, time.Millisecond))
+			retry := min(max(cur/10, time.Millisecond), max(expires.Sub(now)/2, time.Millisecond))
 			l.next = now.Add(retry)
 		}
 		heap.Push(&c.renew, l)
@@ -198,7 +201,11 @@ func (c *Client) settle(r renewResult) {
 		}
 	}
 	for i, l := range lost {
-		l.lose(causes[i])
+		if errors.Is(causes[i], ErrNotHeld) {
+			l.lose(causes[i])
+		} else {
+			l.expire(causes[i])
+		}
 	}
 }
 

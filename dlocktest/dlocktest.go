@@ -99,6 +99,19 @@ func Run(t *testing.T, h Harness) {
 		{"Reentrant", s.reentrant},
 		{"FIFO", s.fifo},
 		{"BadInput", s.badInput},
+		{"ReentryShorterTTL", s.reentryShorterTTL},
+		{"RefreshShorterTTL", s.refreshShorterTTL},
+		{"BackendDeadline", s.backendDeadline},
+		{"BackendFence", s.backendFence},
+		{"SharedOwner", s.sharedOwner},
+		{"CancelledReentry", s.cancelledReentry},
+		{"ForceReleaseReentry", s.forceReleaseReentry},
+		{"CloseLeavesNothing", s.closeLeavesNothing},
+		{"LimitWaits", s.limitWaits},
+		{"ContextKinds", s.contextKinds},
+		{"AcquireManyEdges", s.acquireManyEdges},
+		{"TTLFloor", s.ttlFloor},
+		{"Stress", s.stress},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, tc.fn)

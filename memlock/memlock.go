@@ -145,7 +145,7 @@ func (s *Store) tryLocked(r dlock.Request, now time.Time, head bool) dlock.Grant
 	if e != nil {
 		if r.Reentrant && e.token == r.Token {
 			e.count++
-			e.expires = now.Add(r.TTL)
+			e.extend(now.Add(r.TTL))
 			return dlock.Grant{OK: true, Fence: e.fence, Count: e.count}
 		}
 		return dlock.Grant{HolderTTL: e.expires.Sub(now)}
@@ -170,11 +170,25 @@ func (b *Backend) Refresh(ctx context.Context, r dlock.Request) error {
 
 func (s *Store) refreshLocked(r dlock.Request, now time.Time) error {
 	e := s.live(r.Key, now)
-	if e == nil || e.token != r.Token {
+	if !e.heldBy(r) {
 		return dlock.ErrNotHeld
 	}
-	e.expires = now.Add(r.TTL)
+	e.extend(now.Add(r.TTL))
 	return nil
+}
+
+// heldBy reports whether e is the grant r came from: its token, and its
+// fence when r names one.
+func (e *entry) heldBy(r dlock.Request) bool {
+	return e != nil && e.token == r.Token && (r.Fence == 0 || r.Fence == e.fence)
+}
+
+// extend moves e's deadline to t unless it is later already: a deadline
+// never moves back.
+func (e *entry) extend(t time.Time) {
+	if t.After(e.expires) {
+		e.expires = t
+	}
 }
 
 // RefreshMany implements dlock.BatchRefresher.
@@ -202,7 +216,7 @@ func (b *Backend) Release(ctx context.Context, r dlock.Request) error {
 	}
 	defer b.s.mu.Unlock()
 	e := b.s.live(r.Key, time.Now())
-	if e == nil || e.token != r.Token {
+	if !e.heldBy(r) {
 		return dlock.ErrNotHeld
 	}
 	if e.count--; e.count > 0 {
@@ -216,13 +230,18 @@ func (b *Backend) Release(ctx context.Context, r dlock.Request) error {
 // head. s.mu must be held.
 func (s *Store) free(key string) {
 	delete(s.locks, key)
+	s.notify(key)
+	s.promote(key)
+}
+
+// notify wakes key's subscribers. s.mu must be held.
+func (s *Store) notify(key string) {
 	for ch := range s.subs[key] {
 		select {
 		case ch <- struct{}{}:
 		default:
 		}
 	}
-	s.promote(key)
 }
 
 // promote tells the head of key's queue that it may take the lock.
@@ -336,6 +355,10 @@ func (s *Store) dequeue(key string, w *waiter) {
 	}
 	if len(q) == 0 {
 		delete(s.queues, key)
+		if s.locks[key] == nil {
+			// A free lock the queue kept from the others: tell them.
+			s.notify(key)
+		}
 		return
 	}
 	s.queues[key] = q

@@ -1,0 +1,393 @@
+package dlocktest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock"
+)
+
+// StressEnv names the environment variable that sets how long the Stress
+// case runs (a time.Duration, default 3s). The long mode runs it for
+// minutes:
+//
+//	DLOCK_STRESS=10m go test -run 'Conformance/Stress' -timeout 30m ./...
+const StressEnv = "DLOCK_STRESS"
+
+func stressDuration(t *testing.T) time.Duration {
+	v := os.Getenv(StressEnv)
+	if v == "" {
+		return 3 * time.Second
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		t.Fatalf("%s=%q: want a positive duration", StressEnv, v)
+	}
+	return d
+}
+
+// stress runs random Clients and goroutines over a few keys with every
+// option and lease operation mixed (owners shared within and across
+// Clients, re-entries, per-call TTLs, Refresh, FIFO, AcquireMany, contexts
+// ending at random points, Close at random moments) and checks while it
+// runs that no two owners' leases are valid at once by their Expires,
+// that fences never go back, that a live lease is held on the server with
+// a deadline covering its Expires (Inspector), and at the end that
+// nothing is left held.
+func (s *suite) stress(t *testing.T) {
+	d := stressDuration(t)
+	const workers, nkeys, nclients = 10, 3, 3
+	st := &stressState{s: s, t: t, held: make(map[string][]*stressHold), maxFence: make(map[string]uint64)}
+	base := Key(t)
+	for i := 0; i < nkeys; i++ {
+		st.keys = append(st.keys, fmt.Sprintf("%s.%d", base, i))
+	}
+	st.owners = []string{owner(), owner(), owner()}
+	for i := 0; i < nclients; i++ {
+		st.clients = append(st.clients, st.newClient())
+	}
+	ib := s.h.NewBackend(t)
+	defer ib.Close()
+	st.insp, _ = ib.(dlock.Inspector)
+
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := mrand.New(mrand.NewPCG(uint64(w), uint64(time.Now().UnixNano())))
+			for ctx.Err() == nil && !t.Failed() {
+				st.step(ctx, rng)
+			}
+		}()
+	}
+	wg.Add(2)
+	go func() { defer wg.Done(); st.closer(ctx) }()
+	go func() { defer wg.Done(); st.inspector(ctx) }()
+	wg.Wait()
+
+	st.mu.Lock()
+	clients := st.clients
+	st.mu.Unlock()
+	for _, c := range clients {
+		st.closeClient(c)
+	}
+	// Nothing left: every key free within the longest TTL used (a
+	// re-entry whose answer was lost may leave its hold for that long).
+	fresh := s.client(t)
+	for _, k := range st.keys {
+		l, err := fresh.Acquire(ctxT(t, 4*s.h.TTL+s.h.Slack), k)
+		if err != nil {
+			t.Fatalf("key %s still held after every Client closed: %v", k, err)
+		}
+		l.Release(context.Background())
+	}
+	t.Logf("stress %v: %d grants (%d re-entries, %d AcquireMany, %d FIFO), %d refreshes, %d releases, %d cancelled or timed-out waits, %d closes, %d inspections, %d lost",
+		d, st.n.grants.Load(), st.n.reentries.Load(), st.n.many.Load(), st.n.fifo.Load(), st.n.refreshes.Load(), st.n.releases.Load(), st.n.cancelled.Load(), st.n.closes.Load(), st.n.inspections.Load(), st.n.lost.Load())
+}
+
+type stressHold struct {
+	l       *dlock.Lease
+	c       *dlock.Client
+	leaving atomic.Bool // Release was called or is about to be
+}
+
+// valid reports whether the hold claims the lock at time now.
+func (h *stressHold) valid(now time.Time) bool {
+	return !h.leaving.Load() && h.l.Err() == nil && now.Before(h.l.Expires())
+}
+
+type stressState struct {
+	s       *suite
+	t       *testing.T
+	keys    []string
+	owners  []string
+	insp    dlock.Inspector
+	mu      sync.Mutex
+	clients []*dlock.Client
+	closing map[*dlock.Client]bool
+	held    map[string][]*stressHold
+	// maxFence is the highest fence granted per key.
+	maxFence map[string]uint64
+	n        struct {
+		grants, reentries, many, fifo, refreshes, releases, cancelled, closes, inspections, lost atomic.Int64
+	}
+}
+
+func (st *stressState) newClient() *dlock.Client {
+	return dlock.New(st.s.h.NewBackend(st.t), dlock.WithTTL(st.s.h.TTL))
+}
+
+// closer closes a random Client now and then and replaces it.
+func (st *stressState) closer(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Duration(200+mrand.N(800)) * time.Millisecond):
+		}
+		st.mu.Lock()
+		i := mrand.N(len(st.clients))
+		c := st.clients[i]
+		st.clients[i] = st.newClient()
+		st.mu.Unlock()
+		st.closeClient(c)
+		st.n.closes.Add(1)
+	}
+}
+
+func (st *stressState) closeClient(c *dlock.Client) {
+	st.mu.Lock()
+	if st.closing == nil {
+		st.closing = make(map[*dlock.Client]bool)
+	}
+	st.closing[c] = true
+	st.mu.Unlock()
+	if err := c.Close(); err != nil {
+		st.t.Errorf("Close: %v", err)
+	}
+}
+
+// inspector checks live leases against the server's view.
+func (st *stressState) inspector(ctx context.Context) {
+	if st.insp == nil {
+		return
+	}
+	for ctx.Err() == nil {
+		time.Sleep(time.Duration(5+mrand.N(20)) * time.Millisecond)
+		st.mu.Lock()
+		var h *stressHold
+		if hs := st.held[st.keys[mrand.N(len(st.keys))]]; len(hs) > 0 {
+			h = hs[mrand.N(len(hs))]
+		}
+		closing := h != nil && st.closing[h.c]
+		st.mu.Unlock()
+		if h == nil || closing {
+			continue
+		}
+		before := time.Now()
+		exp := h.l.Expires()
+		if !h.valid(before) || exp.Sub(before) < 5*time.Millisecond {
+			continue
+		}
+		ictx, cancel := context.WithTimeout(ctx, st.s.h.TTL)
+		info, err := st.insp.Inspect(ictx, h.l.Key())
+		cancel()
+		after := time.Now()
+		st.mu.Lock()
+		closing = st.closing[h.c]
+		st.mu.Unlock()
+		if err != nil || !h.valid(after) || closing {
+			continue // the lease ended meanwhile, or the server did not answer
+		}
+		st.n.inspections.Add(1)
+		switch {
+		case !info.Held:
+			st.t.Errorf("live lease %s (owner %s, fence %d, Expires in %v) is not held on the server", h.l.Key(), h.l.Owner(), h.l.Fence(), exp.Sub(before))
+		case info.Fence != h.l.Fence():
+			st.t.Errorf("live lease %s fence %d: the server holds fence %d (owner %s)", h.l.Key(), h.l.Fence(), info.Fence, info.Owner)
+		case info.TTL > 0 && info.TTL+after.Sub(before)+2*time.Millisecond < exp.Sub(before):
+			st.t.Errorf("live lease %s: server TTL %v does not cover Expires in %v", h.l.Key(), info.TTL, exp.Sub(before))
+		}
+	}
+}
+
+// register records a grant and checks it against every valid hold of
+// another owner and against the key's fences.
+func (st *stressState) register(c *dlock.Client, l *dlock.Lease) *stressHold {
+	h := &stressHold{l: l, c: c}
+	now := time.Now()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	k := l.Key()
+	for _, o := range st.held[k] {
+		if o.l.Owner() != l.Owner() && o.valid(now) && !st.closing[o.c] {
+			st.t.Errorf("two owners inside %s: %s (fence %d, Expires in %v) and %s (fence %d) granted now",
+				k, o.l.Owner(), o.l.Fence(), o.l.Expires().Sub(now), l.Owner(), l.Fence())
+		}
+	}
+	if m := st.maxFence[k]; l.Fence() < m && now.Before(l.Expires()) {
+		st.t.Errorf("fence went back on %s: granted %d after %d", k, l.Fence(), m)
+	}
+	st.maxFence[k] = max(st.maxFence[k], l.Fence())
+	st.held[k] = append(st.held[k], h)
+	st.n.grants.Add(1)
+	return h
+}
+
+func (st *stressState) unregister(h *stressHold) {
+	h.leaving.Store(true)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	k := h.l.Key()
+	hs := st.held[k]
+	for i, o := range hs {
+		if o == h {
+			st.held[k] = append(hs[:i], hs[i+1:]...)
+			break
+		}
+	}
+}
+
+// release ends a hold: unregistered first, so the checker never sees a
+// lock released on the server while the hold still claims it.
+func (st *stressState) release(h *stressHold) {
+	st.unregister(h)
+	err := h.l.Release(context.Background())
+	st.n.releases.Add(1)
+	switch {
+	case err == nil, errors.Is(err, dlock.ErrLost), errors.Is(err, dlock.ErrReleased), errors.Is(err, dlock.ErrNotHeld):
+	default:
+		if !errors.Is(err, dlock.ErrClosed) && !strings.Contains(err.Error(), "closed") {
+			st.t.Errorf("Release %s: %v", h.l.Key(), err)
+		}
+	}
+	if errors.Is(h.l.Err(), dlock.ErrLost) {
+		st.n.lost.Add(1)
+	}
+}
+
+func (st *stressState) ttl(rng *mrand.Rand) time.Duration {
+	return st.s.h.TTL * time.Duration(1+rng.IntN(3))
+}
+
+// opts returns random options for one acquisition.
+func (st *stressState) opts(rng *mrand.Rand, id string) []dlock.Option {
+	opts := []dlock.Option{dlock.WithTTL(st.ttl(rng))}
+	if id != "" {
+		opts = append(opts, dlock.WithOwner(id))
+	}
+	if rng.IntN(5) == 0 {
+		opts = append(opts, dlock.WithAutoRenew(false))
+	}
+	return opts
+}
+
+// waitCtx returns a context that ends at a random point: at once, within
+// a few milliseconds, or after a TTL.
+func (st *stressState) waitCtx(rng *mrand.Rand) (context.Context, context.CancelFunc) {
+	switch rng.IntN(5) {
+	case 0:
+		return context.WithTimeout(context.Background(), time.Duration(rng.IntN(2000))*time.Microsecond)
+	case 1:
+		return context.WithTimeout(context.Background(), time.Duration(rng.IntN(50))*time.Millisecond)
+	default:
+		return context.WithTimeout(context.Background(), 2*st.s.h.TTL)
+	}
+}
+
+// step runs one random scenario: acquire (one key or many), work with
+// re-entries and refreshes, release.
+func (st *stressState) step(ctx context.Context, rng *mrand.Rand) {
+	st.mu.Lock()
+	c := st.clients[rng.IntN(len(st.clients))]
+	st.mu.Unlock()
+	id := ""
+	if rng.IntN(2) == 0 {
+		id = st.owners[rng.IntN(len(st.owners))]
+	}
+	wctx, cancel := st.waitCtx(rng)
+	defer cancel()
+	var holds []*stressHold
+	switch r := rng.IntN(10); {
+	case r == 0:
+		i, j := rng.IntN(len(st.keys)), rng.IntN(len(st.keys))
+		if i == j {
+			j = (i + 1) % len(st.keys)
+		}
+		ls, err := c.AcquireMany(wctx, []string{st.keys[i], st.keys[j]}, st.opts(rng, id)...)
+		if st.acquired(err) {
+			st.n.many.Add(1)
+			for _, l := range ls {
+				holds = append(holds, st.register(c, l))
+			}
+		}
+	default:
+		opts := st.opts(rng, id)
+		if r == 1 && st.s.h.FIFO {
+			opts = append(opts, dlock.WithFIFO())
+			st.n.fifo.Add(1)
+		}
+		var l *dlock.Lease
+		var err error
+		if r == 2 {
+			l, err = c.TryAcquire(wctx, st.keys[rng.IntN(len(st.keys))], opts...)
+		} else {
+			l, err = c.Acquire(wctx, st.keys[rng.IntN(len(st.keys))], opts...)
+		}
+		if st.acquired(err) {
+			holds = append(holds, st.register(c, l))
+		}
+	}
+	if len(holds) == 0 {
+		return
+	}
+	for n := rng.IntN(4); n > 0 && ctx.Err() == nil; n-- {
+		h := holds[rng.IntN(len(holds))]
+		switch rng.IntN(3) {
+		case 0:
+			if id == "" {
+				continue
+			}
+			rctx, cancel := st.waitCtx(rng)
+			l, err := c.TryAcquire(rctx, h.l.Key(), st.opts(rng, id)...)
+			cancel()
+			if st.acquired(err) {
+				st.n.reentries.Add(1)
+				holds = append(holds, st.register(c, l))
+			}
+		case 1:
+			rctx, cancel := st.waitCtx(rng)
+			err := h.l.Refresh(rctx, st.ttl(rng))
+			cancel()
+			if err == nil {
+				st.n.refreshes.Add(1)
+			}
+		case 2:
+			time.Sleep(time.Duration(rng.IntN(3000)) * time.Microsecond)
+		}
+	}
+	// Most holds are released in a random order; a few are left for Close.
+	for _, i := range rng.Perm(len(holds)) {
+		if rng.IntN(100) != 0 {
+			st.release(holds[i])
+		} else {
+			st.unregisterLater(holds[i])
+		}
+	}
+}
+
+// unregisterLater leaves a hold to its Client's Close, keeping it checked
+// until it ends.
+func (st *stressState) unregisterLater(h *stressHold) {
+	go func() {
+		<-h.l.Done()
+		st.unregister(h)
+	}()
+}
+
+// acquired reports a successful acquisition; expected failures (the lock
+// held elsewhere, a context ended, a closed Client, an owner whose hold
+// was lost) are counted, others fail the test.
+func (st *stressState) acquired(err error) bool {
+	switch {
+	case err == nil:
+		return true
+	case errors.Is(err, dlock.ErrNotAcquired):
+		st.n.cancelled.Add(1)
+	case errors.Is(err, dlock.ErrClosed), errors.Is(err, dlock.ErrLost):
+	default:
+		st.t.Errorf("acquire: %v", err)
+	}
+	return false
+}
