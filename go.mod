@@ -1,6 +1,6 @@
 module github.com/dlock-go/dlock
 
-go 1.24
+go 1.25.0
 
 require (
 	github.com/redis/go-redis/v9 v9.20.1

@@ -1,6 +1,6 @@
 module github.com/dlock-go/dlock/bench
 
-go 1.24.0
+go 1.25.0
 
 require (
 	github.com/bsm/redislock v0.9.4

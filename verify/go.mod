@@ -1,6 +1,6 @@
 module github.com/dlock-go/dlock/verify
 
-go 1.24.0
+go 1.25.0
 
 require (
 	github.com/anishathalye/porcupine v1.3.1

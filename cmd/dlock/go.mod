@@ -1,6 +1,6 @@
 module github.com/dlock-go/dlock/cmd/dlock
 
-go 1.24.0
+go 1.25.0
 
 require (
 	github.com/dlock-go/dlock v0.0.0
