@@ -31,6 +31,7 @@ type Client struct {
 	acquiring sync.WaitGroup
 	leases    map[*Lease]struct{}
 	owned     map[ownerKey]*holdGroup
+	pending   map[*time.Timer]struct{} // releases due at the end of a minimum hold
 	renew     leaseHeap   // auto-renewed leases by next renewal
 	expiry    leaseHeap   // other leases by expiry
 	timer     *time.Timer // runs tick; see watchdog.go
@@ -47,8 +48,9 @@ func New(b Backend, opts ...Option) *Client {
 	c := &Client{
 		b:      b,
 		cfg:    defaultConfig(),
-		leases: make(map[*Lease]struct{}),
-		owned:  make(map[ownerKey]*holdGroup),
+		leases:  make(map[*Lease]struct{}),
+		owned:   make(map[ownerKey]*holdGroup),
+		pending: make(map[*time.Timer]struct{}),
 	}
 	c.closeCtx, c.stopAll = context.WithCancel(context.Background())
 	c.closing = c.closeCtx.Done()
@@ -167,6 +169,11 @@ func (c *Client) Close() error {
 	if c.timer != nil {
 		c.timer.Stop()
 	}
+	// Locks still in their minimum hold expire by themselves.
+	for t := range c.pending {
+		t.Stop()
+	}
+	clear(c.pending)
 	c.mu.Unlock()
 	c.batches.Wait()
 	if c.b != nil {
@@ -423,6 +430,8 @@ func (c *Client) newLease(req Request, g Grant, invoke time.Time, cfg config) *L
 		onLost:         cfg.onLost,
 		observers:      cfg.observers,
 		releaseTimeout: cfg.releaseTimeout,
+		minHold:        cfg.minHold,
+		maxHold:        cfg.maxHold,
 		renewIdx:       -1,
 		expIdx:         -1,
 	}
@@ -462,7 +471,45 @@ func (c *Client) grant(ctx context.Context, req Request, g Grant, invoke time.Ti
 	c.track(l)
 	c.mu.Unlock()
 	c.watchLoss(l)
+	l.limitHold()
 	return l, nil
+}
+
+// releaseAt gives r's lock back at t, unless the Client closes first.
+func (c *Client) releaseAt(r Request, t time.Time, timeout time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return
+	}
+	var tm *time.Timer
+	tm = time.AfterFunc(time.Until(t), func() {
+		c.mu.Lock()
+		if _, ok := c.pending[tm]; !ok || c.closed {
+			c.mu.Unlock()
+			return
+		}
+		delete(c.pending, tm)
+		c.batches.Add(1)
+		c.mu.Unlock()
+		defer c.batches.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		_ = c.b.Release(ctx, r)
+	})
+	c.pending[tm] = struct{}{}
+}
+
+// limitHold starts the timer of WithMaxHold.
+func (l *Lease) limitHold() {
+	if l.maxHold <= 0 {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err == nil {
+		l.maxTimer = time.AfterFunc(time.Until(l.created.Add(l.maxHold)), l.hitMaxHold)
+	}
 }
 
 // watchLoss registers l with the backend's loss notification, if any.

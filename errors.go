@@ -26,6 +26,10 @@ var (
 	// Release and Refresh; the lock, if someone else holds it, is untouched.
 	ErrNotHeld = errors.New("dlock: lock not held by this owner")
 
+	// ErrMaxHold reports a lease ended by WithMaxHold. Errors that match it
+	// also match ErrLost.
+	ErrMaxHold = errors.New("dlock: lease reached its maximum hold time")
+
 	// ErrReleased reports an operation on a lease that was already released.
 	ErrReleased = errors.New("dlock: lease already released")
 

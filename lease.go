@@ -35,6 +35,9 @@ type Lease struct {
 	onLost         func(*Lease, error)
 	observers      []Observer
 	releaseTimeout time.Duration // bounds the release Do performs
+	minHold        time.Duration // WithMinHold
+	maxHold        time.Duration // WithMaxHold
+	maxTimer       *time.Timer   // ends the lease at created + maxHold
 
 	// watchdog bookkeeping, guarded by c.mu
 	autoRenew bool
@@ -238,6 +241,9 @@ func (l *Lease) release(ctx context.Context) error {
 		l.end(ErrReleased, false)
 		return nil
 	}
+	if until := l.created.Add(l.minHold); l.minHold > 0 && time.Now().Before(until) {
+		return l.releaseLater(ctx, until)
+	}
 	err := l.c.b.Release(ctx, l.request())
 	if errors.Is(err, ErrNotHeld) {
 		l.end(fmt.Errorf("%w: %w", ErrLost, err), true)
@@ -245,6 +251,51 @@ func (l *Lease) release(ctx context.Context) error {
 	}
 	l.end(ErrReleased, false)
 	return wrapOp("release", l.req.Key, err)
+}
+
+// releaseLater ends the lease now and gives the lock back at until (the
+// end of its minimum hold), first making sure the server keeps it that
+// long.
+func (l *Lease) releaseLater(ctx context.Context, until time.Time) error {
+	r := l.request()
+	if l.Expires().Before(until) {
+		r.TTL = max(time.Until(until)+drift(time.Until(until)), MinTTL)
+		if f, ok := l.c.b.(TTLFloor); ok {
+			r.TTL = max(r.TTL, f.MinTTL())
+		}
+		if err := l.c.b.Refresh(ctx, r); errors.Is(err, ErrNotHeld) {
+			l.end(fmt.Errorf("%w: %w", ErrLost, err), true)
+			return wrapOp("release", l.req.Key, err)
+		}
+	}
+	l.end(ErrReleased, false)
+	l.c.releaseAt(r, until, l.releaseTimeout)
+	return nil
+}
+
+// hitMaxHold ends the lease at the end of its maximum hold and gives the
+// lock back unless another live hold of the grant remains in the Client.
+func (l *Lease) hitMaxHold() {
+	if !l.end(fmt.Errorf("%w: %w", ErrLost, ErrMaxHold), true) {
+		return
+	}
+	for _, s := range l.c.siblings(l) {
+		if s.Err() == nil && !s.isReleasing() {
+			return
+		}
+	}
+	c := l.c
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return // Close releases what is left
+	}
+	c.batches.Add(1)
+	c.mu.Unlock()
+	defer c.batches.Done()
+	ctx, cancel := context.WithTimeout(context.Background(), l.releaseTimeout)
+	defer cancel()
+	_ = l.c.b.Release(ctx, l.request())
 }
 
 func (l *Lease) isReleasing() bool {
@@ -296,10 +347,14 @@ func (l *Lease) end(err error, lost bool) bool {
 	l.cancels = nil
 	stop := l.stopLoss
 	l.stopLoss = nil
+	maxTimer := l.maxTimer
 	l.mu.Unlock()
 
 	if stop != nil {
 		stop()
+	}
+	if maxTimer != nil {
+		maxTimer.Stop()
 	}
 	l.c.forget(l)
 	if lost {

@@ -44,6 +44,8 @@ type config struct {
 	releaseTimeout time.Duration
 	onLost         func(*Lease, error)
 	observers      []Observer
+	minHold        time.Duration
+	maxHold        time.Duration
 
 	group *holdGroup // per call: the owner's group whose gate the call holds
 }
@@ -67,6 +69,9 @@ func (c *config) apply(opts []Option) error {
 		if err := o(c); err != nil {
 			return err
 		}
+	}
+	if c.maxHold > 0 && c.maxHold < c.minHold {
+		return fmt.Errorf("%w: maximum hold %v is below the minimum hold %v", ErrInvalidOption, c.maxHold, c.minHold)
 	}
 	return nil
 }
@@ -160,6 +165,39 @@ func WithOnLost(fn func(l *Lease, cause error)) Option {
 			return fmt.Errorf("%w: nil OnLost function", ErrInvalidOption)
 		}
 		c.onLost = fn
+		return nil
+	}
+}
+
+// WithMinHold keeps the lock at least d after the grant: a Release before
+// then ends the lease at once (Done closes, Err is ErrReleased) but gives
+// the lock back on the server only when d has passed, so a job that
+// finishes fast on one instance does not run again on an instance whose
+// clock or schedule lags. If the Client closes or the process ends first,
+// the lock expires by itself, at least d and at most its TTL after the
+// grant. Default 0: Release gives the lock back at once. A d < 0 is an
+// ErrInvalidOption error.
+func WithMinHold(d time.Duration) Option {
+	return func(c *config) error {
+		if d < 0 {
+			return fmt.Errorf("%w: minimum hold %v is negative", ErrInvalidOption, d)
+		}
+		c.minHold = d
+		return nil
+	}
+}
+
+// WithMaxHold ends a lease d after its grant whatever the watchdog would
+// do: the Client gives the lock back and the lease ends with an error
+// matching ErrLost and ErrMaxHold (Done closes, contexts are cancelled).
+// If that release fails the lock expires by its TTL. Default 0: no limit.
+// A d < 0, or a d below the minimum hold, is an ErrInvalidOption error.
+func WithMaxHold(d time.Duration) Option {
+	return func(c *config) error {
+		if d < 0 {
+			return fmt.Errorf("%w: maximum hold %v is negative", ErrInvalidOption, d)
+		}
+		c.maxHold = d
 		return nil
 	}
 }

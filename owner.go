@@ -195,6 +195,7 @@ func (c *Client) rejoin(ctx context.Context, req Request, cfg config, g *holdGro
 	c.track(l)
 	c.mu.Unlock()
 	c.watchLoss(l)
+	l.limitHold()
 	return l, nil
 }
 

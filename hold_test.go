@@ -1,0 +1,103 @@
+package dlock_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/memlock"
+)
+
+func TestMinHold(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		opts []dlock.Option
+	}{
+		{"Renewed", nil},
+		{"TTLShorterThanMinHold", []dlock.Option{dlock.WithTTL(200 * time.Millisecond), dlock.WithAutoRenew(false)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				store := memlock.NewStore()
+				c := dlock.New(store.Backend(), append([]dlock.Option{dlock.WithMinHold(time.Second)}, tc.opts...)...)
+				defer c.Close()
+				other := dlock.New(store.Backend())
+				defer other.Close()
+				ctx := context.Background()
+				l, err := c.Acquire(ctx, "job")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := l.Release(ctx); err != nil {
+					t.Fatalf("Release within the minimum hold: %v", err)
+				}
+				if !errors.Is(l.Err(), dlock.ErrReleased) {
+					t.Fatalf("lease after Release: got %v, want ErrReleased", l.Err())
+				}
+				time.Sleep(900 * time.Millisecond)
+				if _, err := other.TryAcquire(ctx, "job"); !errors.Is(err, dlock.ErrNotAcquired) {
+					t.Fatalf("900ms into a 1s minimum hold: got %v, want ErrNotAcquired", err)
+				}
+				time.Sleep(200 * time.Millisecond)
+				synctest.Wait()
+				l2, err := other.TryAcquire(ctx, "job")
+				if err != nil {
+					t.Fatalf("after the minimum hold: %v", err)
+				}
+				l2.Release(ctx)
+			})
+		})
+	}
+}
+
+func TestMaxHold(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memlock.NewStore()
+		c := dlock.New(store.Backend(), dlock.WithTTL(300*time.Millisecond), dlock.WithMaxHold(time.Second))
+		defer c.Close()
+		other := dlock.New(store.Backend())
+		defer other.Close()
+		ctx := context.Background()
+		l, err := c.Acquire(ctx, "job")
+		if err != nil {
+			t.Fatal(err)
+		}
+		work, cancel := l.Context(ctx)
+		defer cancel()
+		time.Sleep(900 * time.Millisecond)
+		if l.Err() != nil {
+			t.Fatalf("lease ended before its maximum hold: %v", l.Err())
+		}
+		time.Sleep(200 * time.Millisecond)
+		synctest.Wait()
+		if err := l.Err(); !errors.Is(err, dlock.ErrLost) || !errors.Is(err, dlock.ErrMaxHold) {
+			t.Fatalf("after the maximum hold: got %v, want ErrLost and ErrMaxHold", err)
+		}
+		if !errors.Is(context.Cause(work), dlock.ErrMaxHold) {
+			t.Fatalf("lease context cause: got %v, want ErrMaxHold", context.Cause(work))
+		}
+		l2, err := other.TryAcquire(ctx, "job")
+		if err != nil {
+			t.Fatalf("lock not given back at the maximum hold: %v", err)
+		}
+		l2.Release(ctx)
+		if err := l.Release(ctx); !errors.Is(err, dlock.ErrMaxHold) {
+			t.Fatalf("Release after the maximum hold: got %v, want ErrMaxHold", err)
+		}
+	})
+}
+
+func TestHoldOptionsInvalid(t *testing.T) {
+	for name, opts := range map[string][]dlock.Option{
+		"NegativeMin": {dlock.WithMinHold(-time.Second)},
+		"NegativeMax": {dlock.WithMaxHold(-time.Second)},
+		"MaxBelowMin": {dlock.WithMinHold(2 * time.Second), dlock.WithMaxHold(time.Second)},
+	} {
+		if err := dlock.New(memlock.New(), opts...).Err(); !errors.Is(err, dlock.ErrInvalidOption) {
+			t.Errorf("%s: got %v, want ErrInvalidOption", name, err)
+		}
+	}
+}
