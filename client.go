@@ -32,11 +32,11 @@ type Client struct {
 	leases    map[*Lease]struct{}
 	owned     map[ownerKey]*holdGroup
 	pending   map[*time.Timer]struct{} // releases due at the end of a minimum hold
-	renew     leaseHeap   // auto-renewed leases by next renewal
-	expiry    leaseHeap   // other leases by expiry
-	timer     *time.Timer // runs tick; see watchdog.go
-	timerAt   time.Time   // when timer fires; zero when not pending
-	inflight  bool        // a renewal batch is running
+	renew     leaseHeap                // auto-renewed leases by next renewal
+	expiry    leaseHeap                // other leases by expiry
+	timer     *time.Timer              // runs tick; see watchdog.go
+	timerAt   time.Time                // when timer fires; zero when not pending
+	inflight  bool                     // a renewal batch is running
 	batches   sync.WaitGroup
 }
 
@@ -46,8 +46,8 @@ type Client struct {
 // also returns: check Err once at start-up.
 func New(b Backend, opts ...Option) *Client {
 	c := &Client{
-		b:      b,
-		cfg:    defaultConfig(),
+		b:       b,
+		cfg:     defaultConfig(),
 		leases:  make(map[*Lease]struct{}),
 		owned:   make(map[ownerKey]*holdGroup),
 		pending: make(map[*time.Timer]struct{}),
