@@ -101,3 +101,30 @@ func TestHoldOptionsInvalid(t *testing.T) {
 		}
 	}
 }
+
+// TestReleaseLostReturnsAtOnce: the Release of a lease lost while the
+// server does not answer returns without waiting for the server.
+func TestReleaseLostReturnsAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memlock.NewStore()
+		c := dlock.New(store.Backend(), dlock.WithTTL(300*time.Millisecond))
+		ctx := context.Background()
+		l, err := c.Acquire(ctx, "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		store.Pause()
+		<-l.Done()
+		start := time.Now()
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		if err := l.Release(rctx); !errors.Is(err, dlock.ErrLost) {
+			t.Fatalf("Release of a lost lease: got %v, want ErrLost", err)
+		}
+		if d := time.Since(start); d != 0 {
+			t.Fatalf("Release of a lost lease waited %v (virtual time) for a frozen server", d)
+		}
+		store.Resume()
+		c.Close()
+	})
+}

@@ -200,7 +200,9 @@ func (l *Lease) Refresh(ctx context.Context, ttl time.Duration) error {
 // matching ErrNotHeld if the server no longer held it for this owner (it
 // expired and may have been taken over; the new holder is untouched). On
 // a network error the lease still ends and stops being renewed: the lock
-// expires by itself by Expires.
+// expires by itself by Expires. Release of a lost lease returns at once;
+// it gives the lock back in the background, in case the server still
+// holds it.
 func (l *Lease) Release(ctx context.Context) error {
 	if len(l.observers) == 0 || ctx == nil {
 		return l.release(ctx)
@@ -229,10 +231,12 @@ func (l *Lease) release(ctx context.Context) error {
 	last := l.c.leaveGroup(l)
 	if lostErr != nil {
 		// Lost while we held it. Clean up on the server in case the loss was
-		// local only (renewals timed out); the token and fence comparison
-		// makes this harmless if someone else holds the lock now.
-		if last && !errors.Is(lostErr, ErrNotHeld) {
-			_ = l.c.b.Release(ctx, l.request())
+		// local only (a renewal's answer lost), in the background: the
+		// caller learns of the loss at once, even from a server that does
+		// not answer. The token and fence comparison makes this harmless if
+		// someone else holds the lock now.
+		if last && !errors.Is(lostErr, ErrNotHeld) && !errors.Is(lostErr, ErrMaxHold) {
+			l.c.releaseAt(l.request(), time.Now(), l.releaseTimeout)
 		}
 		l.c.forget(l)
 		return wrapOp("release", l.req.Key, lostErr)
