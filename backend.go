@@ -14,8 +14,8 @@ import (
 // its own leftovers in the background. It never waits for a lock to be
 // free (except in Waiter.Wait) and never extends a lock on its own. The
 // rules every Backend keeps are the lease model in the package overview.
-// Backends are provided by the memlock, redislock, redlock, etcdlock and
-// zklock packages; users rarely implement one.
+// The backends are listed in the package overview; users rarely
+// implement one.
 //
 // Every method must be safe for concurrent use, honour ctx, and translate
 // driver-specific "nothing there" results into the errors of this package.
@@ -46,9 +46,10 @@ type Backend interface {
 
 // Request describes one lock operation for a Backend.
 //
-// On TryAcquire, Fence is 0 from the Client. A composite backend (redlock)
-// may set it to a floor: a backend that supports it (redislock) then
-// issues a fresh grant a fence of at least Fence; others ignore it.
+// On TryAcquire, Fence is 0 from the Client. A composite backend (one
+// that takes a quorum of other backends) may set it to a floor: a backend
+// that supports it then issues a fresh grant a fence of at least Fence;
+// others ignore it.
 type Request struct {
 	Key       string        // the user's key, validated by the Client
 	Token     string        // the owner token: unique per lease, or the WithOwner id
@@ -106,8 +107,8 @@ type Notifier interface {
 // blocks until r is granted or ctx ends; when ctx ends it removes its
 // queue entry (with a fresh context) and returns an error matching
 // ctx.Err(). The Client calls Wait for WithFIFO requests, and for every
-// wait when the backend is not also a Notifier (etcd, ZooKeeper: the
-// queue is how they wait, and they ignore r.FIFO). A backend may return
+// wait when the backend is not also a Notifier (then the queue is how it
+// waits, and it may ignore r.FIFO). A backend may return
 // errors.ErrUnsupported for a request it cannot queue; without WithFIFO
 // the Client then waits by retrying.
 type Waiter interface {
@@ -115,8 +116,8 @@ type Waiter interface {
 }
 
 // LossNotifier is an optional Backend capability for servers that learn of
-// a lost lock without being asked (ZooKeeper session expiry, etcd lease
-// revocation, a watched key deleted). fn is called at most once, from any
+// a lost lock without being asked (a session that expired, a lease
+// revoked, a watched key deleted). fn is called at most once, from any
 // goroutine, with an error explaining the loss; stop cancels the
 // notification and must be called when the lease ends.
 type LossNotifier interface {
@@ -158,7 +159,7 @@ type TTLFloor interface {
 }
 
 // TTLLimiter is an optional Backend capability for servers that cannot
-// hold a lease longer than some bound (ZooKeeper: the session timeout).
+// hold a lease longer than some bound (a session timeout).
 // A Client created without WithTTL uses MaxTTL, read at each Acquire,
 // when it is below DefaultTTL; an explicit WithTTL above it fails at
 // Acquire with the backend's ErrInvalidTTL error. MaxTTL returns 0 when

@@ -251,8 +251,7 @@ func (c *Client) acquireAs(ctx context.Context, req Request, cfg config, once bo
 
 func (c *Client) acquireWait(ctx context.Context, req Request, cfg config) (*Lease, error) {
 	// The server-side queue serves FIFO requests, and every wait on a
-	// backend that cannot notify releases (etcd, ZooKeeper: the queue is
-	// how they wait).
+	// backend that cannot notify releases (the queue is how it waits).
 	if _, waits := cfg.wait.Delay(1); waits && c.waiter != nil && (req.FIFO || c.notifier == nil) {
 		l, err, fallback := c.acquireQueued(ctx, req, cfg)
 		if !fallback {
@@ -352,7 +351,7 @@ func (c *Client) acquireLoop(ctx context.Context, req Request, cfg config) (*Lea
 
 // acquireQueued waits in the backend's server-side queue, bounded by the
 // strategy's patience. fallback reports that the backend offers no queue
-// for this request (non-FIFO Redis) and the retry loop must be used.
+// for this request (errors.ErrUnsupported) and the retry loop must be used.
 func (c *Client) acquireQueued(ctx context.Context, req Request, cfg config) (l *Lease, err error, fallback bool) {
 	wctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)

@@ -40,7 +40,7 @@ var (
 	ErrInvalidKey = errors.New("dlock: invalid key")
 
 	// ErrInvalidTTL reports a TTL below MinTTL (1 ms) or, for backends with a
-	// larger minimum (etcd, ZooKeeper), below that backend's minimum.
+	// larger minimum (TTLFloor), below that backend's minimum.
 	ErrInvalidTTL = errors.New("dlock: invalid TTL")
 
 	// ErrInvalidOption reports an option with an invalid value (a nil
@@ -49,12 +49,12 @@ var (
 
 	// ErrWrongType reports that the key a lock needs already holds data of
 	// another kind, written by something other than dlock (for example a
-	// Redis list under the same name). Nothing is overwritten.
+	// list under the same name). Nothing is overwritten.
 	ErrWrongType = errors.New("dlock: key holds a value that is not a dlock lock")
 )
 
-// NodeError is the failure of one server among several (Redlock nodes, a
-// Redis Cluster shard). Errors from several nodes are joined with errors.Join.
+// NodeError is the failure of one server among several (quorum nodes, a
+// cluster shard). Errors from several nodes are joined with errors.Join.
 type NodeError struct {
 	Node string // the node's address or name
 	Err  error  // what went wrong on that node

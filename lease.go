@@ -77,13 +77,9 @@ func (l *Lease) TTL() time.Duration {
 // allowed clock drift (TTL/100 + min(2ms, TTL/4)). The server holds the
 // lock at least until then, unless something outside dlock deletes it.
 //
-// Right after a FIFO hand-off (redislock: a release handed the lock to
-// this waiter, reserved for it for the waiter TTL) it is earlier: the
-// reservation's end, counted from before the hand-off, until the first
-// renewal confirms the lease with its full TTL. With auto-renew that
-// renewal is due a third of the reservation after it began (a critical
-// section shorter than that costs no request for it); without auto-renew
-// Acquire confirms the lease before it returns.
+// After a queue hand-off that reserved the lock for a shorter time
+// (Grant.TTL) it is the reservation's end until the first renewal
+// confirms the lease with its full TTL.
 func (l *Lease) Expires() time.Time {
 	l.mu.Lock()
 	defer l.mu.Unlock()

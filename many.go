@@ -9,7 +9,8 @@ import (
 )
 
 // MultiAcquirer is an optional Backend capability: take several locks in
-// one step, all or none (Redis: keys of one Cluster slot in one script).
+// one step, all or none (for example keys of one cluster slot in one
+// script).
 type MultiAcquirer interface {
 	// Groups splits sorted keys into consecutive runs that TryAcquireAll
 	// can take in one step. Every key appears in exactly one group, in
@@ -23,8 +24,8 @@ type MultiAcquirer interface {
 }
 
 // AcquireMany takes every key or none. Keys are taken in sorted order
-// (groups the backend can take atomically, such as keys of one Redis
-// Cluster slot, in one step), so two callers with overlapping key sets
+// (groups the backend can take atomically, such as keys of one cluster
+// slot, in one step), so two callers with overlapping key sets
 // never deadlock; while a later key is awaited the earlier ones stay held
 // (with WithAutoRenew(false), the wait for a later key ends before an
 // earlier lease would expire). On failure every lock taken so far is

@@ -77,7 +77,7 @@ func (c *config) apply(opts []Option) error {
 }
 
 // WithTTL sets the lease lifetime. Default DefaultTTL (30s), or the
-// backend's maximum when it is lower (TTLLimiter: ZooKeeper's session
+// backend's maximum when it is lower (TTLLimiter: a session
 // timeout). A TTL below
 // MinTTL (1ms) is an ErrInvalidTTL error. The watchdog renews every TTL/3.
 func WithTTL(ttl time.Duration) Option {
@@ -134,8 +134,8 @@ func WithOwner(id string) Option {
 
 // WithFIFO asks for strict arrival order among waiters, served by a
 // server-side queue. Default off, except that backends whose only waiting
-// mode is a queue (etcd, ZooKeeper) are always FIFO. A backend without a
-// queue fails Acquire with ErrInvalidOption.
+// mode is a queue are always FIFO. A backend without a queue fails
+// Acquire with ErrInvalidOption.
 func WithFIFO() Option {
 	return func(c *config) error {
 		c.fifo = true

@@ -16,7 +16,7 @@ import (
 // dlock backends do), a release ends the wait early and the wait is also
 // bounded by the holder's remaining TTL, so the delay is a ceiling, not a
 // polling interval. With a backend that queues waiters server-side
-// (etcd, ZooKeeper, Redis in FIFO mode) the strategy only sets the
+// (and for every WithFIFO wait) the strategy only sets the
 // patience: the sum of its delays bounds the time spent in the queue.
 type WaitStrategy interface {
 	Delay(attempt int) (d time.Duration, ok bool)
