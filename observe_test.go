@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/dlock-go/dlock"
@@ -49,6 +50,10 @@ func (r *recorder) count(k dlock.EventKind) int {
 }
 
 func TestObserverSequence(t *testing.T) {
+	synctest.Test(t, testObserverSequence)
+}
+
+func testObserverSequence(t *testing.T) {
 	store := memlock.NewStore()
 	rec := &recorder{}
 	ttl := 60 * time.Millisecond
@@ -56,16 +61,17 @@ func TestObserverSequence(t *testing.T) {
 	defer c.Close()
 	ctx := context.Background()
 
-	holder, _ := dlock.New(store.Backend(), dlock.WithTTL(ttl), dlock.WithAutoRenew(false)).Acquire(ctx, "k")
+	hc := dlock.New(store.Backend(), dlock.WithTTL(ttl), dlock.WithAutoRenew(false))
+	defer hc.Close()
+	if _, err := hc.Acquire(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
 	l, err := c.Acquire(ctx, "k") // waits for the holder's expiry
 	if err != nil {
 		t.Fatal(err)
 	}
-	_ = holder
-	deadline := time.Now().Add(5 * time.Second)
-	for rec.count(dlock.EventRenewed) < 2 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
+	time.Sleep(ttl) // two renewals, every TTL/3
+	synctest.Wait()
 	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
