@@ -22,6 +22,8 @@ type Client struct {
 	notifier Notifier
 	waiter   Waiter
 	loss     LossNotifier
+	limiter  TTLLimiter
+	floor    TTLFloor
 
 	mu        sync.Mutex
 	closed    bool
@@ -62,6 +64,8 @@ func New(b Backend, opts ...Option) *Client {
 		c.err = fmt.Errorf("%w: nil Backend", ErrInvalidOption)
 		return c
 	}
+	c.limiter, _ = b.(TTLLimiter)
+	c.floor, _ = b.(TTLFloor)
 	c.err = c.cfg.apply(opts)
 	if c.err == nil && c.cfg.ttlSet {
 		c.err = c.checkFloor(c.cfg.ttl)

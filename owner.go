@@ -258,8 +258,8 @@ func ctxAcquireError(key string, attempts int, ctx context.Context, last error) 
 // effectiveTTL is cfg's TTL: the backend's maximum when it is lower and
 // no TTL was set, checked against the backend's minimum.
 func (c *Client) effectiveTTL(cfg *config) error {
-	if lim, ok := c.b.(TTLLimiter); ok && !cfg.ttlSet {
-		if m := lim.MaxTTL(); m >= MinTTL && m < cfg.ttl {
+	if c.limiter != nil && !cfg.ttlSet {
+		if m := c.limiter.MaxTTL(); m >= MinTTL && m < cfg.ttl {
 			cfg.ttl = m
 		}
 	}
@@ -268,8 +268,8 @@ func (c *Client) effectiveTTL(cfg *config) error {
 
 // checkFloor refuses a TTL below the backend's minimum (TTLFloor).
 func (c *Client) checkFloor(ttl time.Duration) error {
-	if f, ok := c.b.(TTLFloor); ok {
-		if m := f.MinTTL(); ttl < m {
+	if c.floor != nil {
+		if m := c.floor.MinTTL(); ttl < m {
 			return fmt.Errorf("%w: TTL %v is below the minimum %v of backend %T (its renewals every TTL/3 need a round trip)", ErrInvalidTTL, ttl, m, c.b)
 		}
 	}
