@@ -57,6 +57,18 @@ type Request struct {
 	Reentrant bool          // same Token re-enters instead of waiting (WithOwner; first hold of the owner in a Client)
 	FIFO      bool          // ask a Waiter for strict arrival order (WithFIFO)
 	Fence     uint64        // on Refresh and Release: the fence the grant returned; on TryAcquire: 0, or a floor (see below)
+
+	// Kind is what the hold grants: KindLock (the zero value) unless the
+	// backend reports another kind through KindSupporter.
+	Kind Kind
+	// Permits is the semaphore's number of permits, for KindPermit.
+	Permits int
+	// Waiting tells TryAcquire of a KindLock request that the Client
+	// will retry it: while readers hold the key, the request keeps new
+	// readers out (see KindRead) until it is granted, its TTL passes, or
+	// the Client gives up: a Release with Waiting set and Fence 0
+	// withdraws the claim (and returns ErrNotHeld).
+	Waiting bool
 }
 
 // Grant is the result of one acquisition attempt.
@@ -134,6 +146,20 @@ type Info struct {
 	TTL     time.Duration // the holder's remaining lifetime, 0 if unknown
 	Count   int           // the holder's reentrant hold count, when held
 	Waiters int           // waiters queued server-side, -1 if the backend cannot tell
+
+	// Kind is KindPermit or KindRead when the key holds a semaphore's
+	// permits or a read-write lock's read holds (listed in Holds; Owner,
+	// Fence, TTL and Count then describe no one), else KindLock.
+	Kind    Kind
+	Permits int    // KindPermit: the semaphore's number of permits
+	Holds   []Hold // KindPermit, KindRead: the holds, in no order
+}
+
+// Hold is one permit or read hold, for Info.
+type Hold struct {
+	Owner string        // the holder's token
+	Fence uint64        // the hold's fence
+	TTL   time.Duration // its remaining lifetime, 0 if unknown
 }
 
 // Inspector is an optional Backend capability: read a lock's state

@@ -24,6 +24,7 @@ type Client struct {
 	loss     LossNotifier
 	limiter  TTLLimiter
 	floor    TTLFloor
+	readers  bool // the backend has read holds: waiting writers keep readers out
 
 	mu        sync.Mutex
 	closed    bool
@@ -63,6 +64,9 @@ func New(b Backend, opts ...Option) *Client {
 	if b == nil {
 		c.err = fmt.Errorf("%w: nil Backend", ErrInvalidOption)
 		return c
+	}
+	if ks, ok := b.(KindSupporter); ok {
+		c.readers = ks.SupportsKind(KindRead)
 	}
 	c.limiter, _ = b.(TTLLimiter)
 	c.floor, _ = b.(TTLFloor)
@@ -200,6 +204,11 @@ func ValidateKey(key string) error {
 }
 
 func (c *Client) acquire(ctx context.Context, key string, opts []Option, once bool) (*Lease, error) {
+	return c.acquireKind(ctx, key, KindLock, 0, opts, once)
+}
+
+// acquireKind takes a hold of kind k (permits for KindPermit) on key.
+func (c *Client) acquireKind(ctx context.Context, key string, k Kind, permits int, opts []Option, once bool) (*Lease, error) {
 	if c == nil {
 		return nil, fmt.Errorf("%w: nil Client", ErrInvalidOption)
 	}
@@ -219,6 +228,9 @@ func (c *Client) acquire(ctx context.Context, key string, opts []Option, once bo
 	if err := c.effectiveTTL(&cfg); err != nil {
 		return nil, wrapOp("acquire", key, err)
 	}
+	if err := c.checkKind(k, permits, &cfg); err != nil {
+		return nil, wrapOp("acquire", key, err)
+	}
 	if once {
 		cfg.wait = NoWait()
 	}
@@ -234,7 +246,10 @@ func (c *Client) acquire(ctx context.Context, key string, opts []Option, once bo
 	c.mu.Unlock()
 	defer c.acquiring.Done()
 
-	req := Request{Key: key, TTL: cfg.ttl, FIFO: cfg.fifo, Token: c.token(cfg), Reentrant: cfg.owner != ""}
+	req := Request{Key: key, TTL: cfg.ttl, FIFO: cfg.fifo, Token: c.token(cfg), Reentrant: cfg.owner != "", Kind: k, Permits: permits}
+	if _, waits := cfg.wait.Delay(1); waits && k == KindLock && !req.Reentrant && c.readers {
+		req.Waiting = true
+	}
 	if len(cfg.observers) == 0 {
 		return c.acquireAs(ctx, req, cfg, once)
 	}
@@ -285,6 +300,7 @@ func (c *Client) acquireLoop(ctx context.Context, req Request, cfg config) (*Lea
 		timer     *time.Timer
 		calls     int
 	)
+	granted := false
 	defer func() {
 		if stopSub != nil {
 			stopSub()
@@ -293,6 +309,9 @@ func (c *Client) acquireLoop(ctx context.Context, req Request, cfg config) (*Lea
 			timer.Stop()
 			c.setWaiting(cfg.group, false)
 			observe(ctx, cfg.observers, Event{Kind: EventWaitEnd, Key: req.Key})
+		}
+		if req.Waiting && !granted {
+			c.withdraw(ctx, req, cfg)
 		}
 	}()
 	for attempt := 1; ; attempt++ {
@@ -309,6 +328,7 @@ func (c *Client) acquireLoop(ctx context.Context, req Request, cfg config) (*Lea
 			return nil, wrapOp("acquire", req.Key, err)
 		}
 		if g.OK {
+			granted = true
 			return c.grant(ctx, req, g, invoke, cfg, attempt)
 		}
 		d, ok := cfg.wait.Delay(attempt)
@@ -411,6 +431,16 @@ func (c *Client) acquireQueued(ctx context.Context, req Request, cfg config) (l 
 	default:
 		return nil, wrapOp("acquire", req.Key, err), false
 	}
+}
+
+// withdraw tells the backend that a writer stopped waiting, so that
+// readers it kept out may enter at once (Release with Waiting set).
+func (c *Client) withdraw(ctx context.Context, req Request, cfg config) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.releaseTimeout)
+	defer cancel()
+	r := req
+	r.Fence = 0
+	_ = c.b.Release(rctx, r)
 }
 
 // newLease builds the Lease of a grant made at invoke; it is not tracked.

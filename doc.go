@@ -91,6 +91,19 @@
 //     the lease is lost;
 //   - keeps reentrancy bookkeeping (WithOwner) as described above.
 //
+// # Beyond the mutex
+//
+// Client.Semaphore hands out at most N permits on a key and Client.RWLock
+// shares a key among readers or gives it to one writer. Every permit and
+// read hold is a Lease like a lock's: renewed by the watchdog, lost with
+// a signal, carrying its own fence from the key's sequence, so a writer's
+// fence is above every fence issued before it, readers' included. A
+// writer that waits keeps new readers out (Request.Waiting), so a stream
+// of readers cannot starve it; it withdraws the claim when it gives up.
+// Holders that disagree on N get ErrPermits; a key used as a lock and as
+// a semaphore at once gets ErrWrongType. Backends offer these kinds
+// through KindSupporter; the others answer errors.ErrUnsupported.
+//
 // # Backends
 //
 //	backend            package     fence                      waiting                  lost when

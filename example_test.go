@@ -138,3 +138,41 @@ func ExampleLease_Fence() {
 	// fresh write: accepted
 	// stale write: rejected
 }
+
+// A semaphore lets at most two instances call a rate-limited provider at once.
+func ExampleSemaphore() {
+	c := dlock.New(memlock.New())
+	defer c.Close()
+	ctx := context.Background()
+	sem := c.Semaphore("payments", 2)
+
+	a, _ := sem.Acquire(ctx)
+	b, _ := sem.Acquire(ctx)
+	_, err := sem.TryAcquire(ctx)
+	fmt.Println("third permit:", errors.Is(err, dlock.ErrNotAcquired))
+	a.Release(ctx)
+	b.Release(ctx)
+	// Output: third permit: true
+}
+
+// Readers share a read-write lock; a writer waits for them and gets a
+// fence above every reader's.
+func ExampleRWLock() {
+	c := dlock.New(memlock.New())
+	defer c.Close()
+	ctx := context.Background()
+	rw := c.RWLock("config")
+
+	r1, _ := rw.RLock(ctx)
+	r2, _ := rw.RLock(ctx)
+	_, err := rw.TryLock(ctx)
+	fmt.Println("writer while reading:", errors.Is(err, dlock.ErrNotAcquired))
+	r1.Release(ctx)
+	r2.Release(ctx)
+	w, _ := rw.Lock(ctx)
+	fmt.Println("writer's fence above the readers':", w.Fence() > r2.Fence())
+	w.Release(ctx)
+	// Output:
+	// writer while reading: true
+	// writer's fence above the readers': true
+}

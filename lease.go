@@ -61,6 +61,9 @@ func (l *Lease) Owner() string { return l.req.Token }
 // a write whose fence is lower than one it has seen (package fence).
 func (l *Lease) Fence() uint64 { return l.req.Fence }
 
+// Kind returns what the lease holds: KindLock, KindPermit or KindRead.
+func (l *Lease) Kind() Kind { return l.req.Kind }
+
 // Count returns the reentrant hold count when this lease was granted: 1
 // for a first acquisition, n for the n-th nested one.
 func (l *Lease) Count() int { return l.count }

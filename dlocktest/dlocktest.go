@@ -112,6 +112,13 @@ func Run(t *testing.T, h Harness) {
 		{"AcquireManyEdges", s.acquireManyEdges},
 		{"TTLFloor", s.ttlFloor},
 		{"Stress", s.stress},
+		{"SemaphoreLimit", s.semaphoreLimit},
+		{"SemaphoreConcurrent", s.semaphoreConcurrent},
+		{"SemaphoreBadInput", s.semaphoreBadInput},
+		{"SemaphoreExpiry", s.semaphoreExpiry},
+		{"RWShare", s.rwShare},
+		{"RWWriterFirst", s.rwWriterFirst},
+		{"RWBadInput", s.rwBadInput},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, tc.fn)

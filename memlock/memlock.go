@@ -23,6 +23,8 @@ import (
 type Store struct {
 	mu     sync.Mutex
 	locks  map[string]*entry
+	shared map[string]*sharedState         // permit and read holds by key
+	marks  map[string]map[string]time.Time // waiting writers' claims by key and token
 	fence  uint64
 	subs   map[string]map[chan struct{}]struct{}
 	queues map[string][]*waiter
@@ -36,6 +38,13 @@ type entry struct {
 	expires time.Time
 }
 
+// sharedState is a key's permit or read holds.
+type sharedState struct {
+	kind    dlock.Kind
+	permits int
+	holds   map[string]*entry // by token
+}
+
 type waiter struct {
 	token string
 	ready chan struct{} // closed when this waiter is at the head
@@ -45,6 +54,8 @@ type waiter struct {
 func NewStore() *Store {
 	return &Store{
 		locks:  make(map[string]*entry),
+		shared: make(map[string]*sharedState),
+		marks:  make(map[string]map[string]time.Time),
 		subs:   make(map[string]map[chan struct{}]struct{}),
 		queues: make(map[string][]*waiter),
 	}
@@ -77,7 +88,8 @@ func (s *Store) Backend() *Backend { return &Backend{s: s} }
 
 // Backend is a dlock.Backend on a Store. Create it with New or
 // Store.Backend. It implements dlock.Backend, dlock.BatchRefresher,
-// dlock.Notifier, dlock.Waiter, dlock.Inspector and dlock.ForceReleaser.
+// dlock.Notifier, dlock.Waiter, dlock.Inspector, dlock.ForceReleaser and
+// dlock.KindSupporter (semaphores and read-write locks).
 type Backend struct {
 	s      *Store
 	mu     sync.Mutex
@@ -135,28 +147,166 @@ func (b *Backend) TryAcquire(ctx context.Context, r dlock.Request) (dlock.Grant,
 		return dlock.Grant{}, err
 	}
 	defer b.s.mu.Unlock()
-	return b.s.tryLocked(r, time.Now(), false), nil
+	return b.s.tryLocked(r, time.Now(), false)
+}
+
+// SupportsKind implements dlock.KindSupporter: every kind.
+func (b *Backend) SupportsKind(dlock.Kind) bool { return true }
+
+var errKindMismatch = fmt.Errorf("memlock: %w", dlock.ErrWrongType)
+
+// liveShared returns key's unexpired permit or read holds, pruning
+// expired ones (a freed permit wakes the queue's head).
+func (s *Store) liveShared(key string, now time.Time) *sharedState {
+	sh := s.shared[key]
+	if sh == nil {
+		return nil
+	}
+	for tok, e := range sh.holds {
+		if !now.Before(e.expires) {
+			delete(sh.holds, tok)
+			s.promote(key)
+		}
+	}
+	if len(sh.holds) == 0 {
+		delete(s.shared, key)
+		return nil
+	}
+	return sh
+}
+
+// claimed reports the earliest end of another token's live writer claim
+// on key, pruning expired claims.
+func (s *Store) claimed(key, token string, now time.Time) (until time.Time, ok bool) {
+	for tok, t := range s.marks[key] {
+		switch {
+		case !now.Before(t):
+			delete(s.marks[key], tok)
+		case tok != token && (!ok || t.Before(until)):
+			until, ok = t, true
+		}
+	}
+	if len(s.marks[key]) == 0 {
+		delete(s.marks, key)
+	}
+	return until, ok
+}
+
+func (s *Store) unclaim(key, token string) {
+	if m := s.marks[key]; m != nil {
+		delete(m, token)
+		if len(m) == 0 {
+			delete(s.marks, key)
+			s.notify(key) // readers kept out may enter
+		}
+	}
+}
+
+// tryShared takes a permit or read hold of key if the kind's rule allows.
+func (s *Store) tryShared(r dlock.Request, now time.Time, head bool) (dlock.Grant, error) {
+	if e := s.live(r.Key, now); e != nil {
+		if r.Kind == dlock.KindPermit {
+			return dlock.Grant{}, fmt.Errorf("%w: %q is held as a lock, not a semaphore", errKindMismatch, r.Key)
+		}
+		return dlock.Grant{HolderTTL: e.expires.Sub(now)}, nil
+	}
+	sh := s.liveShared(r.Key, now)
+	if sh != nil && sh.kind != r.Kind {
+		return dlock.Grant{}, fmt.Errorf("%w: %q holds %s holds, not %s holds", errKindMismatch, r.Key, sh.kind, r.Kind)
+	}
+	if r.Kind == dlock.KindPermit && sh != nil {
+		if sh.permits != r.Permits {
+			return dlock.Grant{}, fmt.Errorf("memlock: %w: %q has %d permits, the request says %d", dlock.ErrPermits, r.Key, sh.permits, r.Permits)
+		}
+		if len(sh.holds) >= sh.permits {
+			var first time.Time
+			for _, e := range sh.holds {
+				if first.IsZero() || e.expires.Before(first) {
+					first = e.expires
+				}
+			}
+			return dlock.Grant{HolderTTL: first.Sub(now)}, nil
+		}
+	}
+	if r.Kind == dlock.KindRead {
+		if until, ok := s.claimed(r.Key, r.Token, now); ok {
+			return dlock.Grant{HolderTTL: until.Sub(now)}, nil
+		}
+	}
+	if !head && len(s.queues[r.Key]) > 0 {
+		return dlock.Grant{}, nil
+	}
+	if sh == nil {
+		sh = &sharedState{kind: r.Kind, permits: r.Permits, holds: make(map[string]*entry)}
+		s.shared[r.Key] = sh
+	}
+	if e := sh.holds[r.Token]; e != nil {
+		return dlock.Grant{}, nil // a token holds one permit or read hold at a time
+	}
+	s.fence++
+	sh.holds[r.Token] = &entry{token: r.Token, count: 1, fence: s.fence, expires: now.Add(r.TTL)}
+	return dlock.Grant{OK: true, Fence: s.fence, Count: 1}, nil
 }
 
 // tryLocked takes the lock if it is free (and, unless head, nobody is
 // queued) or re-entered.
-func (s *Store) tryLocked(r dlock.Request, now time.Time, head bool) dlock.Grant {
+func (s *Store) tryLocked(r dlock.Request, now time.Time, head bool) (dlock.Grant, error) {
+	if r.Kind != dlock.KindLock {
+		return s.tryShared(r, now, head)
+	}
 	e := s.live(r.Key, now)
 	if e != nil {
 		if r.Reentrant && e.token == r.Token {
 			e.count++
 			e.extend(now.Add(r.TTL))
-			return dlock.Grant{OK: true, Fence: e.fence, Count: e.count}
+			return dlock.Grant{OK: true, Fence: e.fence, Count: e.count}, nil
 		}
-		return dlock.Grant{HolderTTL: e.expires.Sub(now)}
+		return dlock.Grant{HolderTTL: e.expires.Sub(now)}, nil
+	}
+	if sh := s.liveShared(r.Key, now); sh != nil {
+		if sh.kind == dlock.KindPermit {
+			return dlock.Grant{}, fmt.Errorf("%w: %q holds a semaphore's permits, not a lock", errKindMismatch, r.Key)
+		}
+		// Readers hold it: a writer that will retry keeps new ones out.
+		var last time.Time
+		for _, e := range sh.holds {
+			last = later(last, e.expires)
+		}
+		if r.Waiting {
+			if s.marks[r.Key] == nil {
+				s.marks[r.Key] = make(map[string]time.Time)
+			}
+			s.marks[r.Key][r.Token] = now.Add(r.TTL)
+		}
+		return dlock.Grant{HolderTTL: last.Sub(now)}, nil
 	}
 	if !head && len(s.queues[r.Key]) > 0 {
 		// Queued waiters go first; the holder's TTL is unknown (no holder).
-		return dlock.Grant{}
+		return dlock.Grant{}, nil
 	}
+	s.unclaim(r.Key, r.Token)
 	s.fence++
 	s.locks[r.Key] = &entry{token: r.Token, count: 1, fence: s.fence, expires: now.Add(r.TTL)}
-	return dlock.Grant{OK: true, Fence: s.fence, Count: 1}
+	return dlock.Grant{OK: true, Fence: s.fence, Count: 1}, nil
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+// holdOf returns the hold r came from: the key's lock, or r.Token's
+// permit or read hold.
+func (s *Store) holdOf(r dlock.Request, now time.Time) *entry {
+	if r.Kind == dlock.KindLock {
+		return s.live(r.Key, now)
+	}
+	if sh := s.liveShared(r.Key, now); sh != nil && sh.kind == r.Kind {
+		return sh.holds[r.Token]
+	}
+	return nil
 }
 
 // Refresh implements dlock.Backend.
@@ -169,7 +319,7 @@ func (b *Backend) Refresh(ctx context.Context, r dlock.Request) error {
 }
 
 func (s *Store) refreshLocked(r dlock.Request, now time.Time) error {
-	e := s.live(r.Key, now)
+	e := s.holdOf(r, now)
 	if !e.heldBy(r) {
 		return dlock.ErrNotHeld
 	}
@@ -215,9 +365,23 @@ func (b *Backend) Release(ctx context.Context, r dlock.Request) error {
 		return err
 	}
 	defer b.s.mu.Unlock()
-	e := b.s.live(r.Key, time.Now())
+	now := time.Now()
+	e := b.s.holdOf(r, now)
 	if !e.heldBy(r) {
+		if r.Waiting && r.Kind == dlock.KindLock {
+			b.s.unclaim(r.Key, r.Token) // a writer that stopped waiting
+		}
 		return dlock.ErrNotHeld
+	}
+	if r.Kind != dlock.KindLock {
+		sh := b.s.shared[r.Key]
+		delete(sh.holds, r.Token)
+		if len(sh.holds) == 0 {
+			delete(b.s.shared, r.Key)
+		}
+		b.s.notify(r.Key)
+		b.s.promote(r.Key)
+		return nil
 	}
 	if e.count--; e.count > 0 {
 		return nil
@@ -288,10 +452,10 @@ func (b *Backend) Wait(ctx context.Context, r dlock.Request) (dlock.Grant, error
 	if err := b.enter(ctx); err != nil {
 		return dlock.Grant{}, err
 	}
-	if e := b.s.live(r.Key, time.Now()); e != nil && r.Reentrant && e.token == r.Token {
-		g := b.s.tryLocked(r, time.Now(), true)
+	if e := b.s.live(r.Key, time.Now()); e != nil && r.Kind == dlock.KindLock && r.Reentrant && e.token == r.Token {
+		g, err := b.s.tryLocked(r, time.Now(), true)
 		b.s.mu.Unlock()
-		return g, nil
+		return g, err
 	}
 	w := &waiter{token: r.Token, ready: make(chan struct{})}
 	b.s.queues[r.Key] = append(b.s.queues[r.Key], w)
@@ -312,11 +476,14 @@ func (b *Backend) Wait(ctx context.Context, r dlock.Request) (dlock.Grant, error
 		}
 		var expire <-chan time.Time
 		if q := b.s.queues[r.Key]; q[0] == w {
-			g := b.s.tryLocked(r, time.Now(), true)
-			if g.OK {
+			g, err := b.s.tryLocked(r, time.Now(), true)
+			if g.OK || err != nil {
 				b.s.dequeue(r.Key, w)
 				b.s.mu.Unlock()
-				return g, nil
+				return g, err
+			}
+			if g.HolderTTL <= 0 {
+				g.HolderTTL = time.Millisecond
 			}
 			// Held: try again at the holder's expiry (expiry notifies nobody).
 			if timer == nil {
@@ -395,6 +562,12 @@ func (s *Store) infoLocked(key string, now time.Time) dlock.Info {
 	if e := s.live(key, now); e != nil {
 		info.Held, info.Owner, info.Fence, info.TTL, info.Count = true, e.token, e.fence, e.expires.Sub(now), e.count
 	}
+	if sh := s.liveShared(key, now); sh != nil {
+		info.Held, info.Kind, info.Permits = true, sh.kind, sh.permits
+		for _, e := range sh.holds {
+			info.Holds = append(info.Holds, dlock.Hold{Owner: e.token, Fence: e.fence, TTL: e.expires.Sub(now)})
+		}
+	}
 	return info
 }
 
@@ -406,6 +579,7 @@ func (b *Backend) ForceRelease(ctx context.Context, key string) (dlock.Info, err
 	defer b.s.mu.Unlock()
 	info := b.s.infoLocked(key, time.Now())
 	if info.Held {
+		delete(b.s.shared, key)
 		b.s.free(key)
 	}
 	return info, nil
