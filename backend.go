@@ -69,6 +69,9 @@ type Request struct {
 	// the Client gives up: a Release with Waiting set and Fence 0
 	// withdraws the claim (and returns ErrNotHeld).
 	Waiting bool
+	// Value is stored with a KindLock grant by a Proclaimer (an elected
+	// leader's value) and replaced by SetValue.
+	Value string
 }
 
 // Grant is the result of one acquisition attempt.
@@ -151,6 +154,7 @@ type Info struct {
 	// permits or a read-write lock's read holds (listed in Holds; Owner,
 	// Fence, TTL and Count then describe no one), else KindLock.
 	Kind    Kind
+	Value   string // the holder's value (Proclaimer), when held
 	Permits int    // KindPermit: the semaphore's number of permits
 	Holds   []Hold // KindPermit, KindRead: the holds, in no order
 }

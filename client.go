@@ -246,7 +246,7 @@ func (c *Client) acquireKind(ctx context.Context, key string, k Kind, permits in
 	c.mu.Unlock()
 	defer c.acquiring.Done()
 
-	req := Request{Key: key, TTL: cfg.ttl, FIFO: cfg.fifo, Token: c.token(cfg), Reentrant: cfg.owner != "", Kind: k, Permits: permits}
+	req := Request{Key: key, TTL: cfg.ttl, FIFO: cfg.fifo, Token: c.token(cfg), Reentrant: cfg.owner != "", Kind: k, Permits: permits, Value: cfg.value}
 	if _, waits := cfg.wait.Delay(1); waits && k == KindLock && !req.Reentrant && c.readers {
 		req.Waiting = true
 	}

@@ -104,6 +104,11 @@
 // a semaphore at once gets ErrWrongType. Backends offer these kinds
 // through KindSupporter; the others answer errors.ErrUnsupported.
 //
+// Client.Election elects one leader per key: Campaign waits for the
+// key's lock and stores the leader's value with it (Proclaimer), Leader
+// and Observe read it, the term is the lock's fence, and a leader that
+// loses its lease learns it from the Lease like any holder.
+//
 // # Backends
 //
 //	backend            package     fence                      waiting                  lost when

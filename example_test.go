@@ -176,3 +176,30 @@ func ExampleRWLock() {
 	// writer while reading: true
 	// writer's fence above the readers': true
 }
+
+// Two instances campaign; the loser sees who leads and takes over when
+// the leader resigns, with a higher term.
+func ExampleElection() {
+	store := memlock.NewStore()
+	a := dlock.New(store.Backend())
+	b := dlock.New(store.Backend())
+	defer a.Close()
+	defer b.Close()
+	ctx := context.Background()
+
+	ea, eb := a.Election("scheduler"), b.Election("scheduler")
+	first, _ := ea.Campaign(ctx, "host-a")
+	leader, _ := eb.Leader(ctx)
+	fmt.Println("leader:", leader.Value)
+
+	next := make(chan *dlock.Lease)
+	go func() { l, _ := eb.Campaign(ctx, "host-b"); next <- l }()
+	ea.Resign(ctx)
+	second := <-next
+	leader, _ = ea.Leader(ctx)
+	fmt.Println("leader:", leader.Value, "higher term:", second.Fence() > first.Fence())
+	eb.Resign(ctx)
+	// Output:
+	// leader: host-a
+	// leader: host-b higher term: true
+}

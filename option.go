@@ -46,6 +46,7 @@ type config struct {
 	observers      []Observer
 	minHold        time.Duration
 	maxHold        time.Duration
+	value          string // Election.Campaign's value
 
 	group *holdGroup // per call: the owner's group whose gate the call holds
 }

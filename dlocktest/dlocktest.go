@@ -119,6 +119,8 @@ func Run(t *testing.T, h Harness) {
 		{"RWShare", s.rwShare},
 		{"RWWriterFirst", s.rwWriterFirst},
 		{"RWBadInput", s.rwBadInput},
+		{"Election", s.election},
+		{"ElectionLost", s.electionLost},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, tc.fn)

@@ -36,6 +36,7 @@ type entry struct {
 	count   int
 	fence   uint64
 	expires time.Time
+	value   string // an elected leader's value
 }
 
 // sharedState is a key's permit or read holds.
@@ -89,7 +90,8 @@ func (s *Store) Backend() *Backend { return &Backend{s: s} }
 // Backend is a dlock.Backend on a Store. Create it with New or
 // Store.Backend. It implements dlock.Backend, dlock.BatchRefresher,
 // dlock.Notifier, dlock.Waiter, dlock.Inspector, dlock.ForceReleaser and
-// dlock.KindSupporter (semaphores and read-write locks).
+// dlock.KindSupporter (semaphores and read-write locks) and
+// dlock.Proclaimer (leader election).
 type Backend struct {
 	s      *Store
 	mu     sync.Mutex
@@ -148,6 +150,21 @@ func (b *Backend) TryAcquire(ctx context.Context, r dlock.Request) (dlock.Grant,
 	}
 	defer b.s.mu.Unlock()
 	return b.s.tryLocked(r, time.Now(), false)
+}
+
+// SetValue implements dlock.Proclaimer.
+func (b *Backend) SetValue(ctx context.Context, r dlock.Request) error {
+	if err := b.enter(ctx); err != nil {
+		return err
+	}
+	defer b.s.mu.Unlock()
+	e := b.s.live(r.Key, time.Now())
+	if r.Kind != dlock.KindLock || !e.heldBy(r) {
+		return dlock.ErrNotHeld
+	}
+	e.value = r.Value
+	b.s.notify(r.Key)
+	return nil
 }
 
 // SupportsKind implements dlock.KindSupporter: every kind.
@@ -286,7 +303,7 @@ func (s *Store) tryLocked(r dlock.Request, now time.Time, head bool) (dlock.Gran
 	}
 	s.unclaim(r.Key, r.Token)
 	s.fence++
-	s.locks[r.Key] = &entry{token: r.Token, count: 1, fence: s.fence, expires: now.Add(r.TTL)}
+	s.locks[r.Key] = &entry{token: r.Token, count: 1, fence: s.fence, expires: now.Add(r.TTL), value: r.Value}
 	return dlock.Grant{OK: true, Fence: s.fence, Count: 1}, nil
 }
 
@@ -560,7 +577,7 @@ func (b *Backend) Inspect(ctx context.Context, key string) (dlock.Info, error) {
 func (s *Store) infoLocked(key string, now time.Time) dlock.Info {
 	info := dlock.Info{Key: key, Waiters: len(s.queues[key])}
 	if e := s.live(key, now); e != nil {
-		info.Held, info.Owner, info.Fence, info.TTL, info.Count = true, e.token, e.fence, e.expires.Sub(now), e.count
+		info.Held, info.Owner, info.Fence, info.TTL, info.Count, info.Value = true, e.token, e.fence, e.expires.Sub(now), e.count, e.value
 	}
 	if sh := s.liveShared(key, now); sh != nil {
 		info.Held, info.Kind, info.Permits = true, sh.kind, sh.permits
