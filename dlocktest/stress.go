@@ -57,6 +57,12 @@ func (s *suite) stress(t *testing.T) {
 	ib := s.h.NewBackend(t)
 	defer ib.Close()
 	st.insp, _ = ib.(dlock.Inspector)
+	if ks, ok := ib.(dlock.KindSupporter); ok {
+		st.reads = ks.SupportsKind(dlock.KindRead)
+		if ks.SupportsKind(dlock.KindPermit) {
+			st.semKey = base + ".sem"
+		}
+	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
@@ -85,15 +91,18 @@ func (s *suite) stress(t *testing.T) {
 	// Nothing left: every key free within the longest TTL used (a
 	// re-entry whose answer was lost may leave its hold for that long).
 	fresh := s.client(t)
-	for _, k := range st.keys {
+	for _, k := range append(st.keys, st.semKey) {
+		if k == "" {
+			continue
+		}
 		l, err := fresh.Acquire(ctxT(t, 4*s.h.TTL+s.h.Slack), k)
 		if err != nil {
 			t.Fatalf("key %s still held after every Client closed: %v", k, err)
 		}
 		l.Release(context.Background())
 	}
-	t.Logf("stress %v: %d grants (%d re-entries, %d AcquireMany, %d FIFO), %d refreshes, %d releases, %d cancelled or timed-out waits, %d closes, %d inspections, %d lost",
-		d, st.n.grants.Load(), st.n.reentries.Load(), st.n.many.Load(), st.n.fifo.Load(), st.n.refreshes.Load(), st.n.releases.Load(), st.n.cancelled.Load(), st.n.closes.Load(), st.n.inspections.Load(), st.n.lost.Load())
+	t.Logf("stress %v: %d grants (%d re-entries, %d AcquireMany, %d FIFO, %d read holds, %d permits), %d refreshes, %d releases, %d cancelled or timed-out waits, %d closes, %d inspections, %d lost",
+		d, st.n.grants.Load(), st.n.reentries.Load(), st.n.many.Load(), st.n.fifo.Load(), st.n.reads.Load(), st.n.permits.Load(), st.n.refreshes.Load(), st.n.releases.Load(), st.n.cancelled.Load(), st.n.closes.Load(), st.n.inspections.Load(), st.n.lost.Load())
 }
 
 type stressHold struct {
@@ -113,6 +122,8 @@ type stressState struct {
 	keys    []string
 	owners  []string
 	insp    dlock.Inspector
+	reads   bool   // the backend has read holds
+	semKey  string // a semaphore's key, when the backend has permits
 	mu      sync.Mutex
 	clients []*dlock.Client
 	closing map[*dlock.Client]bool
@@ -120,7 +131,7 @@ type stressState struct {
 	// maxFence is the highest fence granted per key.
 	maxFence map[string]uint64
 	n        struct {
-		grants, reentries, many, fifo, refreshes, releases, cancelled, closes, inspections, lost atomic.Int64
+		grants, reentries, many, fifo, reads, permits, refreshes, releases, cancelled, closes, inspections, lost atomic.Int64
 	}
 }
 
@@ -191,6 +202,10 @@ func (st *stressState) inspector(ctx context.Context) {
 			continue // the lease ended meanwhile, or the server did not answer
 		}
 		st.n.inspections.Add(1)
+		if h.l.Kind() != dlock.KindLock {
+			st.checkShared(h, info, before, after, exp)
+			continue
+		}
 		switch {
 		case !info.Held:
 			st.t.Errorf("live lease %s (owner %s, fence %d, Expires in %v) is not held on the server", h.l.Key(), h.l.Owner(), h.l.Fence(), exp.Sub(before))
@@ -202,6 +217,29 @@ func (st *stressState) inspector(ctx context.Context) {
 	}
 }
 
+// checkShared checks a permit or read hold against the server's view.
+func (st *stressState) checkShared(h *stressHold, info dlock.Info, before, after, exp time.Time) {
+	for _, o := range info.Holds {
+		if o.Owner != h.l.Owner() {
+			continue
+		}
+		if o.Fence != h.l.Fence() {
+			st.t.Errorf("live %s hold %s fence %d: the server holds fence %d", h.l.Kind(), h.l.Key(), h.l.Fence(), o.Fence)
+		} else if o.TTL > 0 && o.TTL+after.Sub(before)+2*time.Millisecond < exp.Sub(before) {
+			st.t.Errorf("live %s hold %s: server TTL %v does not cover Expires in %v", h.l.Kind(), h.l.Key(), o.TTL, exp.Sub(before))
+		}
+		return
+	}
+	st.t.Errorf("live %s hold %s (owner %s, fence %d, Expires in %v) is not held on the server", h.l.Kind(), h.l.Key(), h.l.Owner(), h.l.Fence(), exp.Sub(before))
+}
+
+// conflicts reports whether holds a and b of different owners may not be
+// valid at once: a lock excludes every other hold of its key, read holds
+// exclude only locks, permits are counted instead.
+func conflicts(a, b dlock.Kind) bool {
+	return a == dlock.KindLock || b == dlock.KindLock
+}
+
 // register records a grant and checks it against every valid hold of
 // another owner and against the key's fences.
 func (st *stressState) register(c *dlock.Client, l *dlock.Lease) *stressHold {
@@ -210,13 +248,24 @@ func (st *stressState) register(c *dlock.Client, l *dlock.Lease) *stressHold {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	k := l.Key()
+	permits := 1
 	for _, o := range st.held[k] {
-		if o.l.Owner() != l.Owner() && o.valid(now) && !st.closing[o.c] {
-			st.t.Errorf("two owners inside %s: %s (fence %d, Expires in %v) and %s (fence %d) granted now",
-				k, o.l.Owner(), o.l.Fence(), o.l.Expires().Sub(now), l.Owner(), l.Fence())
+		if o.l.Owner() == l.Owner() || !o.valid(now) || st.closing[o.c] {
+			continue
+		}
+		if o.l.Kind() == dlock.KindPermit && l.Kind() == dlock.KindPermit {
+			permits++
+			continue
+		}
+		if conflicts(o.l.Kind(), l.Kind()) {
+			st.t.Errorf("two owners inside %s: %s %s (fence %d, Expires in %v) and %s %s (fence %d) granted now",
+				k, o.l.Kind(), o.l.Owner(), o.l.Fence(), o.l.Expires().Sub(now), l.Kind(), l.Owner(), l.Fence())
 		}
 	}
-	if m := st.maxFence[k]; l.Fence() < m && now.Before(l.Expires()) {
+	if permits > stressPermits {
+		st.t.Errorf("%d permits valid at once on %s, the semaphore has %d", permits, k, stressPermits)
+	}
+	if m := st.maxFence[k]; l.Fence() < m && now.Before(l.Expires()) && l.Kind() == dlock.KindLock {
 		st.t.Errorf("fence went back on %s: granted %d after %d", k, l.Fence(), m)
 	}
 	st.maxFence[k] = max(st.maxFence[k], l.Fence())
@@ -286,6 +335,9 @@ func (st *stressState) waitCtx(rng *mrand.Rand) (context.Context, context.Cancel
 	}
 }
 
+// stressPermits is the stress semaphore's number of permits.
+const stressPermits = 2
+
 // step runs one random scenario: acquire (one key or many), work with
 // re-entries and refreshes, release.
 func (st *stressState) step(ctx context.Context, rng *mrand.Rand) {
@@ -299,7 +351,21 @@ func (st *stressState) step(ctx context.Context, rng *mrand.Rand) {
 	wctx, cancel := st.waitCtx(rng)
 	defer cancel()
 	var holds []*stressHold
-	switch r := rng.IntN(10); {
+	switch r := rng.IntN(12); {
+	case r == 10 && st.reads:
+		l, err := c.RWLock(st.keys[rng.IntN(len(st.keys))]).RLock(wctx, st.opts(rng, "")...)
+		if st.acquired(err) {
+			st.n.reads.Add(1)
+			holds = append(holds, st.register(c, l))
+		}
+	case r == 11 && st.semKey != "":
+		l, err := c.Semaphore(st.semKey, stressPermits).Acquire(wctx, st.opts(rng, "")...)
+		if st.acquired(err) {
+			st.n.permits.Add(1)
+			holds = append(holds, st.register(c, l))
+		}
+	case r >= 10:
+		return
 	case r == 0:
 		i, j := rng.IntN(len(st.keys)), rng.IntN(len(st.keys))
 		if i == j {
@@ -336,7 +402,7 @@ func (st *stressState) step(ctx context.Context, rng *mrand.Rand) {
 		h := holds[rng.IntN(len(holds))]
 		switch rng.IntN(3) {
 		case 0:
-			if id == "" {
+			if id == "" || h.l.Kind() != dlock.KindLock {
 				continue
 			}
 			rctx, cancel := st.waitCtx(rng)
