@@ -119,6 +119,8 @@ func Run(t *testing.T, h Harness) {
 		{"RWShare", s.rwShare},
 		{"RWWriterFirst", s.rwWriterFirst},
 		{"RWBadInput", s.rwBadInput},
+		{"FIFOOrder", s.fifoOrder},
+		{"CancelQueued", s.cancelQueued},
 		{"Election", s.election},
 		{"ElectionLost", s.electionLost},
 	}
