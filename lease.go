@@ -375,8 +375,10 @@ func (l *Lease) end(err error, lost bool) bool {
 	return true
 }
 
-// drift is the clock drift allowed for a lease of ttl:
+// Drift returns the clock drift Expires allows for a lease of ttl:
 // TTL/100 + min(2ms, TTL/4).
+func Drift(ttl time.Duration) time.Duration { return drift(ttl) }
+
 func drift(ttl time.Duration) time.Duration {
 	return ttl/100 + min(2*time.Millisecond, ttl/4)
 }

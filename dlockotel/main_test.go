@@ -2,7 +2,6 @@ package dlockotel_test
 
 import (
 	"context"
-	"crypto/rand"
 	"fmt"
 	"os"
 	"strings"
@@ -16,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.uber.org/goleak"
 
+	"github.com/dlock-go/dlock/internal/locktest"
 	"github.com/dlock-go/dlock/internal/testserver"
 )
 
@@ -178,27 +178,13 @@ func attr(kvs []attribute.KeyValue, key attribute.Key) attribute.Value {
 	return attribute.Value{}
 }
 
-// uniqueKey returns a lock key unique to the test.
-func uniqueKey(t testing.TB) string {
-	return strings.ReplaceAll(t.Name(), "/", ".") + "." + rand.Text()[:8]
-}
+var (
+	uniqueKey = locktest.Key
+	ctxT      = locktest.Ctx
+)
 
-func ctxT(t testing.TB, d time.Duration) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-// eventually polls cond every millisecond until it holds, failing the
-// test after 10s.
+// eventually waits up to 10s for cond.
 func eventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	locktest.WaitFor(t, 10*time.Second, what, cond)
 }

@@ -25,7 +25,20 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/locktest"
 )
+
+// Key returns a key unique to the test.
+func Key(t *testing.T) string { return locktest.Key(t) }
+
+func ctxT(t *testing.T, d time.Duration) context.Context { return locktest.Ctx(t, d) }
+
+func waitFor(t *testing.T, d time.Duration, cond func() bool, what string) {
+	t.Helper()
+	locktest.WaitFor(t, d, what, cond)
+}
+
+func drift(ttl time.Duration) time.Duration { return dlock.Drift(ttl) }
 
 // Harness describes the backend under test.
 type Harness struct {
@@ -148,17 +161,7 @@ func (s *suite) client(t *testing.T, opts ...dlock.Option) *dlock.Client {
 	return c
 }
 
-// Key returns a key unique to the test.
-func Key(t *testing.T) string {
-	return strings.ReplaceAll(t.Name(), "/", ".") + "." + rand.Text()[:8]
-}
 
-func ctxT(t *testing.T, d time.Duration) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
-}
 
 func (s *suite) long() time.Duration { return 10*s.h.TTL + 10*time.Second }
 
@@ -326,7 +329,6 @@ func (s *suite) expiryFrees(t *testing.T) {
 	}
 }
 
-func drift(ttl time.Duration) time.Duration { return ttl/100 + min(2*time.Millisecond, ttl/4) }
 
 func (s *suite) fenceAfterExpiry(t *testing.T) {
 	s.skipExpiry(t)
@@ -470,16 +472,6 @@ func (s *suite) lostWhenServerStops(t *testing.T) {
 	waitFor(t, s.h.Slack, func() bool { return onLost.Load() == 1 }, "OnLost called once")
 }
 
-func waitFor(t *testing.T, d time.Duration, cond func() bool, what string) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for: %s", d, what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
 
 func (s *suite) cancelWait(t *testing.T) {
 	key := Key(t)
