@@ -161,8 +161,6 @@ func (s *suite) client(t *testing.T, opts ...dlock.Option) *dlock.Client {
 	return c
 }
 
-
-
 func (s *suite) long() time.Duration { return 10*s.h.TTL + 10*time.Second }
 
 func mustAcquire(t *testing.T, c *dlock.Client, ctx context.Context, key string, opts ...dlock.Option) *dlock.Lease {
@@ -329,7 +327,6 @@ func (s *suite) expiryFrees(t *testing.T) {
 	}
 }
 
-
 func (s *suite) fenceAfterExpiry(t *testing.T) {
 	s.skipExpiry(t)
 	key := Key(t)
@@ -471,7 +468,6 @@ func (s *suite) lostWhenServerStops(t *testing.T) {
 	}
 	waitFor(t, s.h.Slack, func() bool { return onLost.Load() == 1 }, "OnLost called once")
 }
-
 
 func (s *suite) cancelWait(t *testing.T) {
 	key := Key(t)
