@@ -51,28 +51,9 @@ func (c *Client) AcquireMany(ctx context.Context, keys []string, opts ...Option)
 	c.acquiring.Add(1)
 	c.mu.Unlock()
 	defer c.acquiring.Done()
-	if ctx == nil {
-		return nil, wrapOp("acquire", fmt.Sprint(keys), fmt.Errorf("%w: nil context", ErrInvalidOption))
-	}
-	if len(keys) == 0 {
-		return nil, fmt.Errorf("dlock: acquire many: %w: no keys", ErrInvalidKey)
-	}
-	sorted := slices.Clone(keys)
-	slices.Sort(sorted)
-	for i, k := range sorted {
-		if err := ValidateKey(k); err != nil {
-			return nil, wrapOp("acquire", shorten(k), err)
-		}
-		if i > 0 && sorted[i-1] == k {
-			return nil, wrapOp("acquire", shorten(k), fmt.Errorf("%w: key given twice", ErrInvalidKey))
-		}
-	}
-	cfg := c.cfg
-	if err := cfg.apply(opts); err != nil {
-		return nil, wrapOp("acquire", fmt.Sprint(keys), err)
-	}
-	if err := c.effectiveTTL(&cfg); err != nil {
-		return nil, wrapOp("acquire", fmt.Sprint(keys), err)
+	sorted, cfg, err := c.manyRequest(ctx, keys, opts)
+	if err != nil {
+		return nil, err
 	}
 
 	var groups [][]string
@@ -138,6 +119,35 @@ func (c *Client) AcquireMany(ctx context.Context, keys []string, opts ...Option)
 		out[i] = held[k]
 	}
 	return out, nil
+}
+
+// manyRequest validates AcquireMany's arguments and returns the keys in
+// the order they are taken and the call's configuration.
+func (c *Client) manyRequest(ctx context.Context, keys []string, opts []Option) ([]string, config, error) {
+	cfg := c.cfg
+	if ctx == nil {
+		return nil, cfg, wrapOp("acquire", fmt.Sprint(keys), fmt.Errorf("%w: nil context", ErrInvalidOption))
+	}
+	if len(keys) == 0 {
+		return nil, cfg, fmt.Errorf("dlock: acquire many: %w: no keys", ErrInvalidKey)
+	}
+	sorted := slices.Clone(keys)
+	slices.Sort(sorted)
+	for i, k := range sorted {
+		if err := ValidateKey(k); err != nil {
+			return nil, cfg, wrapOp("acquire", shorten(k), err)
+		}
+		if i > 0 && sorted[i-1] == k {
+			return nil, cfg, wrapOp("acquire", shorten(k), fmt.Errorf("%w: key given twice", ErrInvalidKey))
+		}
+	}
+	if err := cfg.apply(opts); err != nil {
+		return nil, cfg, wrapOp("acquire", fmt.Sprint(keys), err)
+	}
+	if err := c.effectiveTTL(&cfg); err != nil {
+		return nil, cfg, wrapOp("acquire", fmt.Sprint(keys), err)
+	}
+	return sorted, cfg, nil
 }
 
 // errHeldExpire ends an AcquireMany wait that would outlast the leases
