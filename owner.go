@@ -192,7 +192,9 @@ func (c *Client) rejoin(ctx context.Context, req Request, cfg config, g *holdGro
 		l.mu.Unlock()
 	}
 	c.mu.Lock()
-	c.track(l)
+	if l.Err() == nil { // not released meanwhile by Close
+		c.track(l)
+	}
 	c.mu.Unlock()
 	c.watchLoss(l)
 	l.limitHold()
