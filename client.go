@@ -390,12 +390,14 @@ func (c *Client) acquireQueued(ctx context.Context, req Request, cfg config) (l 
 	c.setWaiting(cfg.group, true)
 	observe(ctx, cfg.observers, Event{Kind: EventWaitStart, Key: req.Key})
 	g, err := c.waiter.Wait(wctx, req)
-	observe(ctx, cfg.observers, Event{Kind: EventWaitEnd, Key: req.Key})
 	c.setWaiting(cfg.group, false)
 	if errors.Is(err, errors.ErrUnsupported) && !req.FIFO {
+		observe(ctx, cfg.observers, Event{Kind: EventWaitEnd, Key: req.Key})
 		return nil, nil, true
 	}
+	// As in the retry loop: the last attempt, then the end of the wait.
 	observe(ctx, cfg.observers, Event{Kind: EventAttempt, Key: req.Key, Attempt: 1, Granted: err == nil && g.OK, Err: err})
+	observe(ctx, cfg.observers, Event{Kind: EventWaitEnd, Key: req.Key})
 	switch {
 	case err == nil && g.OK:
 		if !g.Since.IsZero() {

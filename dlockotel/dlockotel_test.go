@@ -189,9 +189,16 @@ func testAcquireRelease(t *testing.T, h harness) {
 	if acq.Status().Code != codes.Unset {
 		t.Fatalf("acquire span status: got %v, want Unset", acq.Status())
 	}
-	ev := acq.Events()
-	if len(ev) != 1 || ev[0].Name != dlockotel.SpanEventAttempt {
-		t.Fatalf("acquire span events: got %v, want one %s", eventNames(ev), dlockotel.SpanEventAttempt)
+	// A backend that waits in a server-side queue brackets even a free
+	// lock's grant with wait events: only the attempts are compared.
+	var ev []sdktrace.Event
+	for _, e := range acq.Events() {
+		if e.Name == dlockotel.SpanEventAttempt {
+			ev = append(ev, e)
+		}
+	}
+	if len(ev) != 1 {
+		t.Fatalf("acquire span events: got %v, want one %s", eventNames(acq.Events()), dlockotel.SpanEventAttempt)
 	}
 	if a, g := attr(ev[0].Attributes, dlockotel.AttrAttempt), attr(ev[0].Attributes, dlockotel.AttrGranted); a.AsInt64() != 1 || !g.AsBool() {
 		t.Fatalf("attempt event: got attempt=%v granted=%v, want 1 true", a.Emit(), g.Emit())
@@ -301,8 +308,10 @@ func testContention(t *testing.T, h harness) {
 			t.Fatalf("attempt numbers: got %v, want 1, 2, …", attempts)
 		}
 	}
-	if len(attempts) < 2 || !lastGranted {
-		t.Fatalf("waiting Acquire: got %d attempts, last granted %v; want at least 2, the last granted", len(attempts), lastGranted)
+	// The retry loop attempts at least twice; a server-side queue wait is
+	// one attempt.
+	if len(attempts) < 1 || !lastGranted {
+		t.Fatalf("waiting Acquire: got %d attempts, last granted %v; want the last granted", len(attempts), lastGranted)
 	}
 	wantAttrs(t, timedOut, outcome("not_acquired"))
 	if timedOut.Status().Code != codes.Error || !strings.Contains(timedOut.Status().Description, "deadline") {
