@@ -108,7 +108,14 @@ func (s *suite) stress(t *testing.T) {
 type stressHold struct {
 	l       *dlock.Lease
 	c       *dlock.Client
+	how     string      // the call that took it, for reports
+	start   time.Time   // when that call began
 	leaving atomic.Bool // Release was called or is about to be
+}
+
+func (h *stressHold) String() string {
+	return fmt.Sprintf("%s %s fence %d by %s (called %v ago, Expires in %v, Err %v)",
+		h.l.Kind(), h.l.Owner(), h.l.Fence(), h.how, time.Since(h.start).Round(time.Millisecond), time.Until(h.l.Expires()).Round(time.Millisecond), h.l.Err())
 }
 
 // valid reports whether the hold claims the lock at time now.
@@ -147,6 +154,9 @@ func (st *stressState) closer(ctx context.Context) {
 			return
 		case <-time.After(time.Duration(200+mrand.N(800)) * time.Millisecond):
 		}
+		if st.t.Failed() {
+			return
+		}
 		st.mu.Lock()
 		i := mrand.N(len(st.clients))
 		c := st.clients[i]
@@ -174,7 +184,7 @@ func (st *stressState) inspector(ctx context.Context) {
 	if st.insp == nil {
 		return
 	}
-	for ctx.Err() == nil {
+	for ctx.Err() == nil && !st.t.Failed() {
 		time.Sleep(time.Duration(5+mrand.N(20)) * time.Millisecond)
 		st.mu.Lock()
 		var h *stressHold
@@ -242,8 +252,8 @@ func conflicts(a, b dlock.Kind) bool {
 
 // register records a grant and checks it against every valid hold of
 // another owner and against the key's fences.
-func (st *stressState) register(c *dlock.Client, l *dlock.Lease) *stressHold {
-	h := &stressHold{l: l, c: c}
+func (st *stressState) register(c *dlock.Client, l *dlock.Lease, how string, start time.Time) *stressHold {
+	h := &stressHold{l: l, c: c, how: how, start: start}
 	now := time.Now()
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -258,15 +268,14 @@ func (st *stressState) register(c *dlock.Client, l *dlock.Lease) *stressHold {
 			continue
 		}
 		if conflicts(o.l.Kind(), l.Kind()) {
-			st.t.Errorf("two owners inside %s: %s %s (fence %d, Expires in %v) and %s %s (fence %d) granted now",
-				k, o.l.Kind(), o.l.Owner(), o.l.Fence(), o.l.Expires().Sub(now), l.Kind(), l.Owner(), l.Fence())
+			st.t.Errorf("two owners inside %s: %v, and %v granted now", k, o, h)
 		}
 	}
 	if permits > stressPermits {
 		st.t.Errorf("%d permits valid at once on %s, the semaphore has %d", permits, k, stressPermits)
 	}
 	if m := st.maxFence[k]; l.Fence() < m && now.Before(l.Expires()) && l.Kind() == dlock.KindLock {
-		st.t.Errorf("fence went back on %s: granted %d after %d", k, l.Fence(), m)
+		st.t.Errorf("fence went back on %s: %v granted after fence %d", k, h, m)
 	}
 	st.maxFence[k] = max(st.maxFence[k], l.Fence())
 	st.held[k] = append(st.held[k], h)
@@ -311,15 +320,18 @@ func (st *stressState) ttl(rng *mrand.Rand) time.Duration {
 }
 
 // opts returns random options for one acquisition.
-func (st *stressState) opts(rng *mrand.Rand, id string) []dlock.Option {
-	opts := []dlock.Option{dlock.WithTTL(st.ttl(rng))}
+func (st *stressState) opts(rng *mrand.Rand, id string) ([]dlock.Option, string) {
+	ttl := st.ttl(rng)
+	opts := []dlock.Option{dlock.WithTTL(ttl)}
+	desc := "ttl " + ttl.String()
 	if id != "" {
 		opts = append(opts, dlock.WithOwner(id))
 	}
 	if rng.IntN(5) == 0 {
 		opts = append(opts, dlock.WithAutoRenew(false))
+		desc += ", no auto-renew"
 	}
-	return opts
+	return opts, desc
 }
 
 // waitCtx returns a context that ends at a random point: at once, within
@@ -351,18 +363,25 @@ func (st *stressState) step(ctx context.Context, rng *mrand.Rand) {
 	wctx, cancel := st.waitCtx(rng)
 	defer cancel()
 	var holds []*stressHold
+	start := time.Now()
+	dl, _ := wctx.Deadline()
+	how := func(op, desc string) string {
+		return fmt.Sprintf("%s(owner %q, %s, ctx %v)", op, id, desc, dl.Sub(start).Round(time.Microsecond))
+	}
 	switch r := rng.IntN(12); {
 	case r == 10 && st.reads:
-		l, err := c.RWLock(st.keys[rng.IntN(len(st.keys))]).RLock(wctx, st.opts(rng, "")...)
+		opts, desc := st.opts(rng, "")
+		l, err := c.RWLock(st.keys[rng.IntN(len(st.keys))]).RLock(wctx, opts...)
 		if st.acquired(err) {
 			st.n.reads.Add(1)
-			holds = append(holds, st.register(c, l))
+			holds = append(holds, st.register(c, l, how("RLock", desc), start))
 		}
 	case r == 11 && st.semKey != "":
-		l, err := c.Semaphore(st.semKey, stressPermits).Acquire(wctx, st.opts(rng, "")...)
+		opts, desc := st.opts(rng, "")
+		l, err := c.Semaphore(st.semKey, stressPermits).Acquire(wctx, opts...)
 		if st.acquired(err) {
 			st.n.permits.Add(1)
-			holds = append(holds, st.register(c, l))
+			holds = append(holds, st.register(c, l, how("Semaphore.Acquire", desc), start))
 		}
 	case r >= 10:
 		return
@@ -371,28 +390,32 @@ func (st *stressState) step(ctx context.Context, rng *mrand.Rand) {
 		if i == j {
 			j = (i + 1) % len(st.keys)
 		}
-		ls, err := c.AcquireMany(wctx, []string{st.keys[i], st.keys[j]}, st.opts(rng, id)...)
+		opts, desc := st.opts(rng, id)
+		ls, err := c.AcquireMany(wctx, []string{st.keys[i], st.keys[j]}, opts...)
 		if st.acquired(err) {
 			st.n.many.Add(1)
 			for _, l := range ls {
-				holds = append(holds, st.register(c, l))
+				holds = append(holds, st.register(c, l, how("AcquireMany", desc), start))
 			}
 		}
 	default:
-		opts := st.opts(rng, id)
+		opts, desc := st.opts(rng, id)
 		if r == 1 && st.s.h.FIFO {
 			opts = append(opts, dlock.WithFIFO())
+			desc += ", FIFO"
 			st.n.fifo.Add(1)
 		}
 		var l *dlock.Lease
 		var err error
+		op := "Acquire"
 		if r == 2 {
+			op = "TryAcquire"
 			l, err = c.TryAcquire(wctx, st.keys[rng.IntN(len(st.keys))], opts...)
 		} else {
 			l, err = c.Acquire(wctx, st.keys[rng.IntN(len(st.keys))], opts...)
 		}
 		if st.acquired(err) {
-			holds = append(holds, st.register(c, l))
+			holds = append(holds, st.register(c, l, how(op, desc), start))
 		}
 	}
 	if len(holds) == 0 {
@@ -406,11 +429,13 @@ func (st *stressState) step(ctx context.Context, rng *mrand.Rand) {
 				continue
 			}
 			rctx, cancel := st.waitCtx(rng)
-			l, err := c.TryAcquire(rctx, h.l.Key(), st.opts(rng, id)...)
+			rstart := time.Now()
+			opts, desc := st.opts(rng, id)
+			l, err := c.TryAcquire(rctx, h.l.Key(), opts...)
 			cancel()
 			if st.acquired(err) {
 				st.n.reentries.Add(1)
-				holds = append(holds, st.register(c, l))
+				holds = append(holds, st.register(c, l, "re-entry "+how("TryAcquire", desc), rstart))
 			}
 		case 1:
 			rctx, cancel := st.waitCtx(rng)
