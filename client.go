@@ -322,7 +322,7 @@ func (c *Client) acquireLoop(ctx context.Context, req Request, cfg config) (*Lea
 			observe(ctx, cfg.observers, Event{Kind: EventAttempt, Key: req.Key, Attempt: calls, Granted: g.OK, HolderTTL: g.HolderTTL, Err: err})
 		}
 		if err != nil {
-			if ctx.Err() != nil {
+			if ended(ctx) {
 				return nil, ctxAcquireError(req.Key, attempt, ctx, err)
 			}
 			return nil, wrapOp("acquire", req.Key, err)
@@ -346,7 +346,7 @@ func (c *Client) acquireLoop(ctx context.Context, req Request, cfg config) (*Lea
 					attempt--
 					continue
 				}
-				if ctx.Err() != nil {
+				if ended(ctx) {
 					return nil, ctxAcquireError(req.Key, attempt, ctx, err)
 				}
 				sub, stopSub, subFailed = nil, nil, true
@@ -424,11 +424,11 @@ func (c *Client) acquireQueued(ctx context.Context, req Request, cfg config) (l 
 		}
 		l, err := c.grant(ctx, req, g, invoke, cfg, 1)
 		return l, err, false
-	case ctx.Err() != nil:
-		return nil, ctxAcquireError(req.Key, 1, ctx, nil), false
+	case ended(ctx):
+		return nil, ctxAcquireError(req.Key, 1, ctx, err), false
 	case errors.Is(context.Cause(wctx), ErrClosed):
 		return nil, wrapOp("acquire", req.Key, ErrClosed), false
-	case wctx.Err() != nil || err == nil:
+	case ended(wctx) || err == nil:
 		return nil, &AcquireError{Key: req.Key, Attempts: 1}, false
 	default:
 		return nil, wrapOp("acquire", req.Key, err), false

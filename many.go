@@ -186,7 +186,7 @@ func (c *Client) acquireGroup(ctx context.Context, multi MultiAcquirer, keys []s
 		invoke := time.Now()
 		gs, err := multi.TryAcquireAll(ctx, reqs)
 		if err != nil {
-			if ctx.Err() != nil {
+			if ended(ctx) {
 				return nil, ctxAcquireError(fmt.Sprint(keys), attempt, ctx, err)
 			}
 			return nil, wrapOp("acquire", fmt.Sprint(keys), err)

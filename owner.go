@@ -181,7 +181,7 @@ func (c *Client) rejoin(ctx context.Context, req Request, cfg config, g *holdGro
 				return nil, wrapOp("acquire", req.Key, l.Err())
 			default:
 				_ = l.Release(rctx)
-				if ctx.Err() != nil {
+				if ended(ctx) {
 					return nil, ctxAcquireError(req.Key, 1, ctx, err)
 				}
 				return nil, wrapOp("acquire", req.Key, err)
@@ -254,7 +254,23 @@ func (c *Client) siblings(l *Lease) []*Lease {
 // ctxAcquireError is the error of a wait that ctx ended: it matches
 // ErrNotAcquired, ctx.Err() and context.Cause(ctx).
 func ctxAcquireError(key string, attempts int, ctx context.Context, last error) *AcquireError {
-	return &AcquireError{Key: key, Attempts: attempts, Cause: context.Cause(ctx), Last: last, ctxErr: ctx.Err()}
+	err, cause := ctx.Err(), context.Cause(ctx)
+	if err == nil {
+		// The deadline passed and the server said so before the
+		// context's own timer fired.
+		err, cause = context.DeadlineExceeded, context.DeadlineExceeded
+	}
+	return &AcquireError{Key: key, Attempts: attempts, Cause: cause, Last: last, ctxErr: err}
+}
+
+// ended reports whether ctx is done or its deadline has passed (a server
+// may report the deadline before the context's timer fires).
+func ended(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	d, ok := ctx.Deadline()
+	return ok && !time.Now().Before(d)
 }
 
 // effectiveTTL is cfg's TTL: the backend's maximum when it is lower and
