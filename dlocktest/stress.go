@@ -477,8 +477,6 @@ func (st *stressState) acquired(err error) bool {
 	case errors.Is(err, dlock.ErrNotAcquired):
 		st.n.cancelled.Add(1)
 	case errors.Is(err, dlock.ErrClosed), errors.Is(err, dlock.ErrLost):
-	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled):
-		st.t.Errorf("acquire: a context error that is not an *AcquireError: %v", err)
 	default:
 		// A server that did not answer in time on a loaded machine: not
 		// what this test checks, but reported.
