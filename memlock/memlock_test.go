@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -104,4 +105,42 @@ func BenchmarkAcquireRelease(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// BenchmarkAcquireReleaseFIFO takes the queue path (Waiter.Wait) for a
+// free lock, as a backend whose only waiting mode is a queue does.
+func BenchmarkAcquireReleaseFIFO(b *testing.B) {
+	c := dlock.New(memlock.New(), dlock.WithFIFO())
+	ctx := context.Background()
+	for i := 0; b.Loop(); i++ {
+		l, err := c.Acquire(ctx, fmt.Sprint("k", i%64))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := l.Release(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkAcquireReleaseParallel is many goroutines of one Client on
+// distinct keys: what contends is the Client's own bookkeeping.
+func BenchmarkAcquireReleaseParallel(b *testing.B) {
+	c := dlock.New(memlock.New())
+	ctx := context.Background()
+	var n atomic.Int64
+	b.RunParallel(func(pb *testing.PB) {
+		key := fmt.Sprint("k", n.Add(1))
+		for pb.Next() {
+			l, err := c.Acquire(ctx, key)
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			if err := l.Release(ctx); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
 }
