@@ -140,16 +140,8 @@ func runOnce(ctx context.Context, cfg validated, exp experiment, seed int64, ope
 		inc:     map[int]int{},
 		changed: make(chan struct{}, 1),
 	}
-	r.dir = filepath.Join(cfg.OutDir, cfg.Name, exp.name, "seed-"+strconv.FormatInt(seed, 10))
-	r.histDir = filepath.Join(r.dir, "history")
-	r.logDir = filepath.Join(r.dir, "logs")
-	if err := os.RemoveAll(r.dir); err != nil {
-		return nil, fmt.Errorf("verify: %w", err)
-	}
-	for _, d := range []string{r.histDir, r.logDir} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			return nil, fmt.Errorf("verify: %w", err)
-		}
+	if err := r.makeDirs(); err != nil {
+		return nil, err
 	}
 	id := strconv.FormatInt(seed, 10) + "-" + rand.Text()[:8]
 	r.key = "verify-" + id
@@ -179,27 +171,14 @@ func runOnce(ctx context.Context, cfg validated, exp experiment, seed int64, ope
 	}
 	defer func() { err = errors.Join(err, resSrv.Stop()) }()
 	if exp.has(FaultProxy) {
-		ups := []string(nil)
-		if r.servers != nil {
-			ups = r.servers.addrs
-		} else if ups, err = upstreams(cfg.BackendURL, cfg.url.scheme); err != nil {
-			return nil, err
-		}
-		var addrs []string
-		for _, up := range ups {
-			p, err := newProxy(up)
-			if err != nil {
-				return nil, fmt.Errorf("verify: proxy: %w", err)
-			}
-			r.proxies = append(r.proxies, p)
-			addrs = append(addrs, p.Addr())
-		}
 		defer func() {
 			for _, p := range r.proxies {
 				err = errors.Join(err, p.Close())
 			}
 		}()
-		r.workerURL = withHosts(r.workerURL, addrs)
+		if err := r.startProxies(); err != nil {
+			return nil, err
+		}
 	}
 	if err := probe(ctx, open, r.workerURL, r.key, cfg.TTL, cfg.FIFO); err != nil {
 		return nil, err
@@ -232,6 +211,47 @@ func runOnce(ctx context.Context, cfg validated, exp experiment, seed int64, ope
 		return nil, fmt.Errorf("verify: %w", err)
 	}
 	return res, nil
+}
+
+// makeDirs creates the run's directories, emptied.
+func (r *run) makeDirs() error {
+	r.dir = filepath.Join(r.cfg.OutDir, r.cfg.Name, r.exp.name, "seed-"+strconv.FormatInt(r.seed, 10))
+	r.histDir = filepath.Join(r.dir, "history")
+	r.logDir = filepath.Join(r.dir, "logs")
+	if err := os.RemoveAll(r.dir); err != nil {
+		return fmt.Errorf("verify: %w", err)
+	}
+	for _, d := range []string{r.histDir, r.logDir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return fmt.Errorf("verify: %w", err)
+		}
+	}
+	return nil
+}
+
+// startProxies puts a TCP proxy in front of every lock server node and
+// points the workers at them.
+func (r *run) startProxies() error {
+	var ups []string
+	if r.servers != nil {
+		ups = r.servers.addrs
+	} else {
+		var err error
+		if ups, err = upstreams(r.cfg.BackendURL, r.cfg.url.scheme); err != nil {
+			return err
+		}
+	}
+	var addrs []string
+	for _, up := range ups {
+		p, err := newProxy(up)
+		if err != nil {
+			return fmt.Errorf("verify: proxy: %w", err)
+		}
+		r.proxies = append(r.proxies, p)
+		addrs = append(addrs, p.Addr())
+	}
+	r.workerURL = withHosts(r.workerURL, addrs)
+	return nil
 }
 
 // probe opens the backend and takes and releases a lock once, with

@@ -173,127 +173,155 @@ func (r *run) missed(kind, why string) {
 	r.window(Event{Op: kind, InvokeNs: now, CompleteNs: now, Outcome: OutcomeFail, Err: why})
 }
 
+// inject applies one planned fault and logs its window.
 func (r *run) inject(ctx context.Context, p plan, resAddr string) error {
-	ttl := r.cfg.TTL
 	switch p.kind {
 	case FaultPause:
-		h, ok := r.pickHolder(ctx, 2*ttl)
-		if !ok {
-			r.missed(p.kind, "no worker held the lock within 2 × TTL")
-			return nil
-		}
-		start := monoNow()
-		if err := stopProcess(h.p.pid); err != nil {
-			r.missed(p.kind, fmt.Sprintf("SIGSTOP %s: %v", h.p.name, err))
-			return nil
-		}
-		sleep(ctx, p.length)
-		err := contProcess(h.p.pid)
-		e := Event{Op: p.kind, InvokeNs: start, Outcome: OutcomeOK, Target: h.p.name, Owner: h.owner, Fence: h.fence,
-			Detail: fmt.Sprintf("SIGSTOP for %v (%.2f × TTL), holder in phase %q", p.length.Round(time.Millisecond), float64(p.length)/float64(ttl), h.phase)}
-		if err != nil {
-			e.Err = "SIGCONT: " + err.Error()
-		}
-		r.window(e)
-
+		r.pauseHolder(ctx, p)
 	case FaultKill:
-		h, ok := r.pickHolder(ctx, 2*ttl)
-		if !ok {
-			r.missed(p.kind, "no worker held the lock within 2 × TTL")
-			return nil
-		}
-		r.mu.Lock()
-		h.p.killed = true
-		r.mu.Unlock()
-		start := monoNow()
-		if err := killProcess(h.p.pid); err != nil {
-			r.missed(p.kind, fmt.Sprintf("SIGKILL %s: %v", h.p.name, err))
-			return nil
-		}
-		<-h.p.exited
-		e := Event{Op: p.kind, InvokeNs: start, Outcome: OutcomeOK, Target: h.p.name, Owner: h.owner, Fence: h.fence,
-			Detail: fmt.Sprintf("SIGKILL, holder in phase %q; worker restarted", h.phase)}
-		if _, err := r.spawn(ctx, h.p.worker, resAddr); err != nil {
-			return err
-		}
-		r.window(e)
-
+		return r.killHolder(ctx, p, resAddr)
 	case FaultRestart, FaultRestartPersist:
-		n := r.servers.nodes[p.node]
-		addr := r.servers.addrs[p.node]
-		h := r.currentHolder()
-		start := monoNow()
-		if err := n.Kill(); err != nil {
-			return fmt.Errorf("verify: kill lock server %s: %w", addr, err)
-		}
-		sleep(ctx, p.length)
-		if err := n.Restart(); err != nil {
-			return fmt.Errorf("verify: restart lock server %s: %w", addr, err)
-		}
-		persist := "without"
-		if p.kind == FaultRestartPersist || r.cfg.url.scheme == "etcd" || r.cfg.url.scheme == "zk" {
-			persist = "with"
-		}
-		r.window(Event{Op: p.kind, InvokeNs: start, Outcome: OutcomeOK, Target: "server " + addr, Owner: h.owner, Fence: h.fence,
-			Value: int64(p.length), Nodes: len(r.servers.nodes),
-			Detail: fmt.Sprintf("SIGKILL, down %v, restarted %s persistence", p.length.Round(time.Millisecond), persist)})
-
+		return r.restartServer(ctx, p)
 	case FaultServerPause:
-		n := r.servers.nodes[p.node]
-		addr := r.servers.addrs[p.node]
-		h := r.currentHolder()
-		start := monoNow()
-		if err := n.Pause(); err != nil {
-			return fmt.Errorf("verify: pause lock server %s: %w", addr, err)
-		}
-		sleep(ctx, p.length)
-		if err := n.Resume(); err != nil {
-			return fmt.Errorf("verify: resume lock server %s: %w", addr, err)
-		}
-		r.window(Event{Op: p.kind, InvokeNs: start, Outcome: OutcomeOK, Target: "server " + addr, Owner: h.owner, Fence: h.fence,
-			Value: int64(p.length), Nodes: len(r.servers.nodes),
-			Detail: fmt.Sprintf("SIGSTOP for %v (%.2f × TTL)", p.length.Round(time.Millisecond), float64(p.length)/float64(ttl))})
-
+		return r.pauseServer(ctx, p)
 	case FaultProxy:
-		var target string
-		for i, n := range p.nodes {
-			if i > 0 {
-				target += ","
-			}
-			target += r.proxies[n].upstream
-		}
-		h := r.currentHolder()
-		start := monoNow()
-		e := Event{Op: p.kind, InvokeNs: start, Outcome: OutcomeOK, Target: "proxy to " + target, Owner: h.owner, Fence: h.fence, Nodes: len(r.proxies)}
-		switch p.mode {
-		case 0:
-			d := ttl / 5
-			for _, n := range p.nodes {
-				r.proxies[n].setDelay(d)
-			}
-			sleep(ctx, p.length)
-			for _, n := range p.nodes {
-				r.proxies[n].setDelay(0)
-			}
-			e.Value = int64(d)
-			e.Detail = fmt.Sprintf("delay %v per chunk for %v", d, p.length)
-		case 1:
-			for _, n := range p.nodes {
-				r.proxies[n].blackhole(true)
-			}
-			sleep(ctx, p.length)
-			for _, n := range p.nodes {
-				r.proxies[n].blackhole(false)
-			}
-			e.Value = int64(p.length)
-			e.Detail = fmt.Sprintf("blackhole for %v (%.2f × TTL)", p.length.Round(time.Millisecond), float64(p.length)/float64(ttl))
-		default:
-			for _, n := range p.nodes {
-				e.Count += int64(r.proxies[n].reset())
-			}
-			e.Detail = fmt.Sprintf("reset %d connections", e.Count)
-		}
-		r.window(e)
+		r.proxyFault(ctx, p)
 	}
 	return nil
+}
+
+// pauseHolder stops the current holder's process (SIGSTOP) for p.length.
+func (r *run) pauseHolder(ctx context.Context, p plan) {
+	ttl := r.cfg.TTL
+	h, ok := r.pickHolder(ctx, 2*ttl)
+	if !ok {
+		r.missed(p.kind, "no worker held the lock within 2 × TTL")
+		return
+	}
+	start := monoNow()
+	if err := stopProcess(h.p.pid); err != nil {
+		r.missed(p.kind, fmt.Sprintf("SIGSTOP %s: %v", h.p.name, err))
+		return
+	}
+	sleep(ctx, p.length)
+	err := contProcess(h.p.pid)
+	e := Event{Op: p.kind, InvokeNs: start, Outcome: OutcomeOK, Target: h.p.name, Owner: h.owner, Fence: h.fence,
+		Detail: fmt.Sprintf("SIGSTOP for %v (%.2f × TTL), holder in phase %q", p.length.Round(time.Millisecond), float64(p.length)/float64(ttl), h.phase)}
+	if err != nil {
+		e.Err = "SIGCONT: " + err.Error()
+	}
+	r.window(e)
+}
+
+// killHolder kills the current holder's process and starts a new worker
+// in its place.
+func (r *run) killHolder(ctx context.Context, p plan, resAddr string) error {
+	h, ok := r.pickHolder(ctx, 2*r.cfg.TTL)
+	if !ok {
+		r.missed(p.kind, "no worker held the lock within 2 × TTL")
+		return nil
+	}
+	r.mu.Lock()
+	h.p.killed = true
+	r.mu.Unlock()
+	start := monoNow()
+	if err := killProcess(h.p.pid); err != nil {
+		r.missed(p.kind, fmt.Sprintf("SIGKILL %s: %v", h.p.name, err))
+		return nil
+	}
+	<-h.p.exited
+	e := Event{Op: p.kind, InvokeNs: start, Outcome: OutcomeOK, Target: h.p.name, Owner: h.owner, Fence: h.fence,
+		Detail: fmt.Sprintf("SIGKILL, holder in phase %q; worker restarted", h.phase)}
+	if _, err := r.spawn(ctx, h.p.worker, resAddr); err != nil {
+		return err
+	}
+	r.window(e)
+	return nil
+}
+
+// restartServer kills lock server node p.node and restarts it after
+// p.length, with or without its data.
+func (r *run) restartServer(ctx context.Context, p plan) error {
+	n := r.servers.nodes[p.node]
+	addr := r.servers.addrs[p.node]
+	h := r.currentHolder()
+	start := monoNow()
+	if err := n.Kill(); err != nil {
+		return fmt.Errorf("verify: kill lock server %s: %w", addr, err)
+	}
+	sleep(ctx, p.length)
+	if err := n.Restart(); err != nil {
+		return fmt.Errorf("verify: restart lock server %s: %w", addr, err)
+	}
+	persist := "without"
+	if p.kind == FaultRestartPersist || r.cfg.url.scheme == "etcd" || r.cfg.url.scheme == "zk" {
+		persist = "with"
+	}
+	r.window(Event{Op: p.kind, InvokeNs: start, Outcome: OutcomeOK, Target: "server " + addr, Owner: h.owner, Fence: h.fence,
+		Value: int64(p.length), Nodes: len(r.servers.nodes),
+		Detail: fmt.Sprintf("SIGKILL, down %v, restarted %s persistence", p.length.Round(time.Millisecond), persist)})
+	return nil
+}
+
+// pauseServer stops lock server node p.node (SIGSTOP) for p.length.
+func (r *run) pauseServer(ctx context.Context, p plan) error {
+	n := r.servers.nodes[p.node]
+	addr := r.servers.addrs[p.node]
+	h := r.currentHolder()
+	start := monoNow()
+	if err := n.Pause(); err != nil {
+		return fmt.Errorf("verify: pause lock server %s: %w", addr, err)
+	}
+	sleep(ctx, p.length)
+	if err := n.Resume(); err != nil {
+		return fmt.Errorf("verify: resume lock server %s: %w", addr, err)
+	}
+	r.window(Event{Op: p.kind, InvokeNs: start, Outcome: OutcomeOK, Target: "server " + addr, Owner: h.owner, Fence: h.fence,
+		Value: int64(p.length), Nodes: len(r.servers.nodes),
+		Detail: fmt.Sprintf("SIGSTOP for %v (%.2f × TTL)", p.length.Round(time.Millisecond), float64(p.length)/float64(r.cfg.TTL))})
+	return nil
+}
+
+// proxyFault delays, blackholes or resets the proxies to p.nodes.
+func (r *run) proxyFault(ctx context.Context, p plan) {
+	ttl := r.cfg.TTL
+	var target string
+	for i, n := range p.nodes {
+		if i > 0 {
+			target += ","
+		}
+		target += r.proxies[n].upstream
+	}
+	h := r.currentHolder()
+	start := monoNow()
+	e := Event{Op: p.kind, InvokeNs: start, Outcome: OutcomeOK, Target: "proxy to " + target, Owner: h.owner, Fence: h.fence, Nodes: len(r.proxies)}
+	switch p.mode {
+	case 0:
+		d := ttl / 5
+		for _, n := range p.nodes {
+			r.proxies[n].setDelay(d)
+		}
+		sleep(ctx, p.length)
+		for _, n := range p.nodes {
+			r.proxies[n].setDelay(0)
+		}
+		e.Value = int64(d)
+		e.Detail = fmt.Sprintf("delay %v per chunk for %v", d, p.length)
+	case 1:
+		for _, n := range p.nodes {
+			r.proxies[n].blackhole(true)
+		}
+		sleep(ctx, p.length)
+		for _, n := range p.nodes {
+			r.proxies[n].blackhole(false)
+		}
+		e.Value = int64(p.length)
+		e.Detail = fmt.Sprintf("blackhole for %v (%.2f × TTL)", p.length.Round(time.Millisecond), float64(p.length)/float64(ttl))
+	default:
+		for _, n := range p.nodes {
+			e.Count += int64(r.proxies[n].reset())
+		}
+		e.Detail = fmt.Sprintf("reset %d connections", e.Count)
+	}
+	r.window(e)
 }

@@ -241,11 +241,31 @@ func (w *worker) between(lo, hi time.Duration) time.Duration {
 // iterate runs one acquire → read-modify-write → release cycle and
 // reports whether the lock was acquired.
 func (w *worker) iterate(ctx context.Context, phase string) bool {
-	ttl := w.spec.TTL
-	key := w.spec.Key
-	actx, cancel := context.WithTimeout(ctx, acquireTimeout(ttl))
-	e := w.begin(OpAcquire, key, 0, "", phase)
-	l, err := w.client.Acquire(actx, key, w.opts...)
+	l, ok := w.acquire(ctx, phase)
+	if !ok {
+		sleep(ctx, w.between(w.spec.TTL/20, w.spec.TTL/5))
+		return false
+	}
+	// The read-modify-write. It deliberately does not check the lease
+	// before writing: a check narrows the window but cannot close it (the
+	// process can stop right after the check), and the harness measures
+	// what the lock and the resource guarantee without that help.
+	vals := w.read(ctx, l, phase)
+	w.notify("read")
+	sleep(ctx, w.between(w.spec.TTL/workMinDiv, w.spec.TTL/workMaxDiv))
+	w.write(ctx, l, phase, vals)
+	w.notify("wrote")
+	w.release(ctx, l, phase)
+	w.notify("rel")
+	sleep(ctx, w.between(0, w.spec.TTL/thinkMaxDiv))
+	return true
+}
+
+// acquire takes the lock, logging the attempt.
+func (w *worker) acquire(ctx context.Context, phase string) (*dlock.Lease, bool) {
+	actx, cancel := context.WithTimeout(ctx, acquireTimeout(w.spec.TTL))
+	e := w.begin(OpAcquire, w.spec.Key, 0, "", phase)
+	l, err := w.client.Acquire(actx, w.spec.Key, w.opts...)
 	cancel()
 	if err != nil {
 		outcome := OutcomeInfo
@@ -253,24 +273,30 @@ func (w *worker) iterate(ctx context.Context, phase string) bool {
 			outcome = OutcomeFail
 		}
 		w.end(e, outcome, err)
-		sleep(ctx, w.between(ttl/20, ttl/5))
-		return false
+		return nil, false
 	}
 	f, owner := l.Fence(), l.Owner()
 	e.Fence, e.Owner, e.ExpiresNs = f, owner, monoAt(l.Expires())
 	w.end(e, OutcomeOK, nil)
 	w.notify("acq " + strconv.FormatUint(f, 10) + " " + owner)
+	return l, true
+}
 
-	// The read-modify-write. It deliberately does not check the lease
-	// before writing: a check narrows the window but cannot close it (the
-	// process can stop right after the check), and the harness measures
-	// what the lock and the resource guarantee without that help.
-	var fv, nv int64
-	var fok, nok bool
+// readValues are the registers' values a cycle read (ok: the read
+// succeeded).
+type readValues struct {
+	fenced, naive     int64
+	fencedOK, naiveOK bool
+}
+
+// read reads the registers under lease l.
+func (w *worker) read(ctx context.Context, l *dlock.Lease, phase string) readValues {
+	var v readValues
+	f, owner := l.Fence(), l.Owner()
 	if w.fenced {
 		r := w.begin(OpRead, ResourceFenced, f, owner, phase)
 		rctx, cancel := context.WithTimeout(ctx, opTimeout)
-		v, stale, err := w.res.fencedRead(rctx, f, owner)
+		x, stale, err := w.res.fencedRead(rctx, f, owner)
 		cancel()
 		switch {
 		case err != nil:
@@ -278,31 +304,35 @@ func (w *worker) iterate(ctx context.Context, phase string) bool {
 		case stale:
 			w.end(r, OutcomeStale, errors.New("claim rejected: a later fence claimed the register"))
 		default:
-			r.Value = v
+			r.Value = x
 			w.end(r, OutcomeOK, nil)
-			fv, fok = v, true
+			v.fenced, v.fencedOK = x, true
 		}
 	}
 	if w.naive {
 		r := w.begin(OpRead, ResourceNaive, f, owner, phase)
 		rctx, cancel := context.WithTimeout(ctx, opTimeout)
-		v, err := w.res.naiveRead(rctx)
+		x, err := w.res.naiveRead(rctx)
 		cancel()
 		if err != nil {
 			w.end(r, OutcomeInfo, err)
 		} else {
-			r.Value = v
+			r.Value = x
 			w.end(r, OutcomeOK, nil)
-			nv, nok = v, true
+			v.naive, v.naiveOK = x, true
 		}
 	}
-	w.notify("read")
-	sleep(ctx, w.between(ttl/workMinDiv, ttl/workMaxDiv))
-	if nok {
+	return v
+}
+
+// write writes each register read successfully plus one.
+func (w *worker) write(ctx context.Context, l *dlock.Lease, phase string, v readValues) {
+	f, owner := l.Fence(), l.Owner()
+	if v.naiveOK {
 		wr := w.begin(OpWrite, ResourceNaive, f, owner, phase)
-		wr.Value = nv + 1
+		wr.Value = v.naive + 1
 		wctx, cancel := context.WithTimeout(ctx, opTimeout)
-		err := w.res.naiveWrite(wctx, nv+1)
+		err := w.res.naiveWrite(wctx, v.naive+1)
 		if err != nil {
 			w.end(wr, OutcomeInfo, err)
 		} else {
@@ -311,11 +341,11 @@ func (w *worker) iterate(ctx context.Context, phase string) bool {
 		}
 		cancel()
 	}
-	if fok {
+	if v.fencedOK {
 		wr := w.begin(OpWrite, ResourceFenced, f, owner, phase)
-		wr.Value = fv + 1
+		wr.Value = v.fenced + 1
 		wctx, cancel := context.WithTimeout(ctx, opTimeout)
-		err := w.res.fencedWrite(wctx, fv+1, f, owner)
+		err := w.res.fencedWrite(wctx, v.fenced+1, f, owner)
 		var stale *fence.StaleError
 		switch {
 		case errors.As(err, &stale):
@@ -328,11 +358,13 @@ func (w *worker) iterate(ctx context.Context, phase string) bool {
 		}
 		cancel()
 	}
-	w.notify("wrote")
+}
 
-	r := w.begin(OpRelease, key, f, owner, phase)
+// release gives the lock back, logging the outcome.
+func (w *worker) release(ctx context.Context, l *dlock.Lease, phase string) {
+	r := w.begin(OpRelease, w.spec.Key, l.Fence(), l.Owner(), phase)
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
-	err = l.Release(rctx)
+	err := l.Release(rctx)
 	cancel()
 	switch {
 	case err == nil:
@@ -342,9 +374,6 @@ func (w *worker) iterate(ctx context.Context, phase string) bool {
 	default:
 		w.end(r, OutcomeInfo, err)
 	}
-	w.notify("rel")
-	sleep(ctx, w.between(0, ttl/thinkMaxDiv))
-	return true
 }
 
 // monoAt converts a time.Time with a monotonic reading (a Lease's
