@@ -168,7 +168,7 @@ func (c *Client) Close() error {
 	var errs []error
 	for _, l := range held {
 		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.releaseTimeout)
-		if err := l.Release(ctx); err != nil && !errors.Is(err, ErrLost) && !errors.Is(err, ErrReleased) && !errors.Is(err, ErrNotHeld) {
+		if err := l.closeRelease(ctx); err != nil {
 			errs = append(errs, err)
 		}
 		cancel()

@@ -256,6 +256,46 @@ func (l *Lease) release(ctx context.Context) error {
 	return wrapOp("release", l.req.Key, err)
 }
 
+// closeRelease ends l for Client.Close, then gives the lock back: the
+// lease's Done closes and its contexts are cancelled (cause ErrReleased
+// and ErrClosed) before the server frees the lock, so no one else holds
+// it while l still looks valid. A lock in its minimum hold is left to
+// expire by itself.
+func (l *Lease) closeRelease(ctx context.Context) error {
+	l.mu.Lock()
+	if l.releasing {
+		l.mu.Unlock()
+		return nil
+	}
+	l.releasing = true
+	lostErr := l.err
+	l.mu.Unlock()
+	last := l.c.leaveGroup(l)
+	if lostErr != nil {
+		l.c.forget(l)
+	} else {
+		l.end(fmt.Errorf("%w: %w", ErrReleased, ErrClosed), false)
+	}
+	if !last || errors.Is(lostErr, ErrNotHeld) || errors.Is(lostErr, ErrMaxHold) {
+		return nil
+	}
+	r := l.request()
+	if until := l.created.Add(l.minHold); l.minHold > 0 && time.Now().Before(until) {
+		if l.Expires().Before(until) {
+			r.TTL = max(time.Until(until)+drift(time.Until(until)), MinTTL)
+			if l.c.floor != nil {
+				r.TTL = max(r.TTL, l.c.floor.MinTTL())
+			}
+			_ = l.c.b.Refresh(ctx, r)
+		}
+		return nil
+	}
+	if err := l.c.b.Release(ctx, r); err != nil && !errors.Is(err, ErrNotHeld) {
+		return wrapOp("release", l.req.Key, err)
+	}
+	return nil
+}
+
 // releaseLater ends the lease now and gives the lock back at until (the
 // end of its minimum hold), first making sure the server keeps it that
 // long.
@@ -263,8 +303,8 @@ func (l *Lease) releaseLater(ctx context.Context, until time.Time) error {
 	r := l.request()
 	if l.Expires().Before(until) {
 		r.TTL = max(time.Until(until)+drift(time.Until(until)), MinTTL)
-		if f, ok := l.c.b.(TTLFloor); ok {
-			r.TTL = max(r.TTL, f.MinTTL())
+		if l.c.floor != nil {
+			r.TTL = max(r.TTL, l.c.floor.MinTTL())
 		}
 		if err := l.c.b.Refresh(ctx, r); errors.Is(err, ErrNotHeld) {
 			l.end(fmt.Errorf("%w: %w", ErrLost, err), true)

@@ -198,3 +198,58 @@ func TestTryAcquireWhileOwnerWaits(t *testing.T) {
 		h.Release(ctx)
 	})
 }
+
+// gatedRelease holds every Release until gate is closed, and reports its
+// start on started.
+type gatedRelease struct {
+	*memlock.Backend
+	started chan struct{}
+	gate    chan struct{}
+}
+
+func (g *gatedRelease) Release(ctx context.Context, r dlock.Request) error {
+	select {
+	case g.started <- struct{}{}:
+	default:
+	}
+	<-g.gate
+	return g.Backend.Release(ctx, r)
+}
+
+// TestCloseEndsLeasesFirst: Close ends a lease (Done, contexts) before
+// the server frees its lock, so no other owner holds it while the lease
+// still looks valid.
+func TestCloseEndsLeasesFirst(t *testing.T) {
+	store := memlock.NewStore()
+	b := &gatedRelease{Backend: store.Backend(), started: make(chan struct{}, 1), gate: make(chan struct{})}
+	c := dlock.New(b)
+	ctx := context.Background()
+	l, err := c.Acquire(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	work, cancel := l.Context(ctx)
+	defer cancel()
+	closed := make(chan error, 1)
+	go func() { closed <- c.Close() }()
+	<-b.started // the server release is under way
+	select {
+	case <-l.Done():
+	default:
+		t.Fatal("the server release began while the lease's Done was still open")
+	}
+	if !errors.Is(context.Cause(work), dlock.ErrClosed) || !errors.Is(l.Err(), dlock.ErrReleased) {
+		t.Fatalf("lease after Close: Err %v, context cause %v; want ErrReleased and ErrClosed", l.Err(), context.Cause(work))
+	}
+	close(b.gate)
+	if err := <-closed; err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	other := dlock.New(store.Backend())
+	defer other.Close()
+	l2, err := other.TryAcquire(ctx, "k")
+	if err != nil {
+		t.Fatalf("lock still held after Close: %v", err)
+	}
+	l2.Release(ctx)
+}

@@ -59,12 +59,14 @@ func (c *Client) setWaiting(g *holdGroup, on bool) {
 	c.mu.Unlock()
 }
 
-// liveLocked returns the group's live holds and the cause of a hold lost
-// but not yet released. c.mu must be held.
+// liveLocked returns the group's live holds (not being released) and the
+// cause of a hold lost but not yet released. c.mu must be held.
 func (g *holdGroup) liveLocked() (live []*Lease, lost error) {
 	for _, l := range g.holds {
 		if err := l.Err(); err == nil {
-			live = append(live, l)
+			if !l.isReleasing() {
+				live = append(live, l)
+			}
 		} else if lost == nil && errors.Is(err, ErrLost) {
 			lost = err
 		}
@@ -86,7 +88,7 @@ func (c *Client) acquireOwned(ctx context.Context, req Request, cfg config, once
 	defer func() { <-g.gate }()
 
 	c.mu.Lock()
-	live, lost := g.liveLocked()
+	_, lost := g.liveLocked()
 	c.mu.Unlock()
 	if lost != nil {
 		// Re-entering would silently take a fresh lock inside a critical
@@ -94,10 +96,10 @@ func (c *Client) acquireOwned(ctx context.Context, req Request, cfg config, once
 		// lost hold is released.
 		return nil, wrapOp("acquire", req.Key, lost)
 	}
-	if len(live) > 0 {
-		return c.rejoin(ctx, req, cfg, g, live)
-	}
 	cfg.group = g
+	if l, joined, err := c.rejoin(ctx, req, cfg, g); joined {
+		return l, err
+	}
 	return c.acquireWait(ctx, req, cfg)
 }
 
@@ -136,11 +138,23 @@ func (c *Client) enterGate(ctx context.Context, g *holdGroup, key string, cfg co
 	}
 }
 
-// rejoin adds a hold to the owner's live holds. It asks the server only
-// when the new hold's TTL reaches past every live hold's Expires: then one
-// Refresh moves the server's deadline (never back) to cover it.
-func (c *Client) rejoin(ctx context.Context, req Request, cfg config, g *holdGroup, live []*Lease) (*Lease, error) {
-	base := live[0]
+// rejoin adds a hold to the owner's live holds, if there are any
+// (joined reports whether it did). It asks the server only when the new
+// hold's TTL reaches past every live hold's Expires: then one Refresh
+// moves the server's deadline (never back) to cover it.
+func (c *Client) rejoin(ctx context.Context, req Request, cfg config, g *holdGroup) (l *Lease, joined bool, err error) {
+	invoke := time.Now()
+	want := invoke.Add(req.TTL - drift(req.TTL))
+	c.mu.Lock()
+	live, _ := g.liveLocked()
+	if len(live) == 0 {
+		c.mu.Unlock()
+		return nil, false, nil
+	}
+	if c.closed {
+		c.mu.Unlock()
+		return nil, true, wrapOp("acquire", req.Key, ErrClosed)
+	}
 	var maxExp time.Time
 	count := 0
 	for _, h := range live {
@@ -149,22 +163,15 @@ func (c *Client) rejoin(ctx context.Context, req Request, cfg config, g *holdGro
 		}
 		count = max(count, h.count)
 	}
-	req.Fence = base.req.Fence
-	invoke := time.Now()
-	want := invoke.Add(req.TTL - drift(req.TTL))
-	l := c.newLease(req, Grant{OK: true, Fence: req.Fence, Count: count + 1}, invoke, cfg)
+	req.Fence = live[0].req.Fence
+	l = c.newLease(req, Grant{OK: true, Fence: req.Fence, Count: count + 1}, invoke, cfg)
 	needRefresh := want.After(maxExp)
 	if needRefresh {
 		l.expires = maxExp // what the server is known to hold until the Refresh answers
 	}
-
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
-		return nil, wrapOp("acquire", req.Key, ErrClosed)
-	}
-	// Registered before the Refresh: a concurrent release of the other
-	// holds sees this one live and leaves the server hold in place.
+	// Registered in the same critical section as the check above, and
+	// before the Refresh: a concurrent release of the other holds sees
+	// this one live and leaves the server hold in place.
 	c.leases[l] = struct{}{}
 	g.holds = append(g.holds, l)
 	c.mu.Unlock()
@@ -178,13 +185,13 @@ func (c *Client) rejoin(ctx context.Context, req Request, cfg config, g *holdGro
 			case errors.Is(err, ErrNotHeld):
 				l.lose(err) // and every hold of the same grant
 				_ = l.Release(rctx)
-				return nil, wrapOp("acquire", req.Key, l.Err())
+				return nil, true, wrapOp("acquire", req.Key, l.Err())
 			default:
 				_ = l.Release(rctx)
 				if ended(ctx) {
-					return nil, ctxAcquireError(req.Key, 1, ctx, err)
+					return nil, true, ctxAcquireError(req.Key, 1, ctx, err)
 				}
-				return nil, wrapOp("acquire", req.Key, err)
+				return nil, true, wrapOp("acquire", req.Key, err)
 			}
 		}
 		l.mu.Lock()
@@ -198,7 +205,7 @@ func (c *Client) rejoin(ctx context.Context, req Request, cfg config, g *holdGro
 	c.mu.Unlock()
 	c.watchLoss(l)
 	l.limitHold()
-	return l, nil
+	return l, true, nil
 }
 
 // leaveGroup removes a released hold from its owner's group and reports

@@ -94,6 +94,9 @@ func (s *suite) fifoOrder(t *testing.T) {
 			t.Fatalf("grants: got %v before the deadline, want %v", got, want)
 		}
 	}
+	for len(order) > 0 { // each waiter reports its turn before its release
+		got = append(got, <-order)
+	}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("grant order: got %v, want %v", got, want)
 	}

@@ -260,7 +260,7 @@ func (st *stressState) register(c *dlock.Client, l *dlock.Lease, how string, sta
 	k := l.Key()
 	permits := 1
 	for _, o := range st.held[k] {
-		if o.l.Owner() == l.Owner() || !o.valid(now) || st.closing[o.c] {
+		if o.l.Owner() == l.Owner() || !o.valid(now) {
 			continue
 		}
 		if o.l.Kind() == dlock.KindPermit && l.Kind() == dlock.KindPermit {
