@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync/atomic"
 	"time"
 
 	"github.com/dlock-go/dlock"
@@ -16,37 +15,24 @@ import (
 // does not answer in time the node is deleted in the background.
 const abandonTimeout = time.Second
 
-// watchAhead is a protocol switch, on; the hand-off benchmark turns it off
-// in some of its runs to measure what it saves (export_test.go): a waiter
-// third or further in line also watches the node before its predecessor
-// (see queue).
-var watchAhead atomic.Bool
-
-func init() { watchAhead.Store(true) }
-
 // maxCreates bounds the create attempts of one acquisition (a lost reply
 // whose node is not found, an expired session, a parent deleted under it).
 const maxCreates = 3
 
-// TryAcquire implements dlock.Backend: it queues a lock node and, unless
-// it is first in the queue, deletes it again and returns Grant{OK: false}
-// (HolderTTL 0: a holder's lifetime is its session's). With r.Reentrant
-// and r.Token holding the lock through this Backend, the hold count grows
-// instead. A TTL above the session timeout is an error matching
-// dlock.ErrInvalidTTL.
+// TryAcquire implements dlock.Backend: it queues a lock node and returns
+// a grant when the node is first, else deletes it and returns
+// Grant{OK: false}. A reentrant request of the token holding the lock
+// through this Backend raises its hold count. A TTL outside [MinTTL,
+// SessionTimeout] is an error matching dlock.ErrInvalidTTL.
 func (b *Backend) TryAcquire(ctx context.Context, r dlock.Request) (dlock.Grant, error) {
 	return b.acquire(ctx, r, false)
 }
 
-// Wait implements dlock.Waiter: it queues a lock node and waits, watching
-// the node just ahead of it (and, third or further in line, the one ahead
-// of that), until the node is first (granted) or ctx ends. ZooKeeper's queue is its only waiting mode, so r.FIFO is
-// ignored: waiters are always served in arrival order. When ctx ends, Wait
-// deletes its node at once (with a fresh context bounded by one second,
-// then in the background) and returns ctx's error. A short disconnection
-// does not end the wait: the node lives as long as the session, and Wait
-// resumes once reconnected; after a whole session timeout without an
-// answer it gives up with the last error.
+// Wait implements dlock.Waiter: it queues a lock node and waits, in
+// arrival order (r.FIFO is implied), until the node is first or ctx ends.
+// When ctx ends it deletes the node (in the background if the server does
+// not answer within a second) and returns ctx's error. A disconnection
+// shorter than the session timeout does not end the wait.
 func (b *Backend) Wait(ctx context.Context, r dlock.Request) (dlock.Grant, error) {
 	return b.acquire(ctx, r, true)
 }
@@ -101,306 +87,9 @@ func (b *Backend) reenter(ctx context.Context, r dlock.Request) (g dlock.Grant, 
 		return dlock.Grant{}, false, nil // released or lost meanwhile
 	}
 	h.count++
+	h.pending++
+	h.orphanGen++
 	return dlock.Grant{OK: true, Fence: h.fence, Count: h.count}, true, nil
-}
-
-type statResult struct {
-	exists bool
-	stat   *zk.Stat
-	watch  <-chan zk.Event
-}
-
-// queue takes node through the queue of keyPath: granted when it is
-// first, else (wait) watching its predecessor until it is, or (!wait)
-// deleting it. Every failure deletes the node.
-func (b *Backend) queue(ctx context.Context, r dlock.Request, keyPath string, node created, wait bool) (dlock.Grant, error) {
-	path, name := node.path, baseName(node.path)
-	session := b.conn.SessionID() // the node's owner, unless it is read below
-	// own is our node's Stat and an existence watch on it, read only when
-	// needed: when the create did not tell the czxid (a recovered lost
-	// reply), or when we wait second in line or further back (watching
-	// ahead), where the watch makes the predecessor's deletion a grant
-	// without listing again (see below).
-	var own *statResult
-	lastOK := time.Now()
-	delay := 20 * time.Millisecond
-	// retry decides what a failed request means: the wait goes on after a
-	// transient failure (the session, and our node, may well be alive)
-	// until a whole session timeout has passed without an answer.
-	retry := func(err error) (bool, error) {
-		if ctx.Err() != nil {
-			b.abandon(path)
-			return false, ctx.Err()
-		}
-		if wait && transient(err) && time.Since(lastOK) < b.SessionTimeout() && sleepCtx(ctx, delay) {
-			delay = backoff(delay)
-			return true, nil
-		}
-		b.abandon(path)
-		if ctx.Err() != nil {
-			return false, ctx.Err()
-		}
-		return false, err
-	}
-	vanished := func() error {
-		// Deleted while queued: the session expired, or someone deleted
-		// it. Nothing to clean up.
-		return fmt.Errorf("lock node %s vanished while queued (session expired?): %w", path, zk.ErrNoNode)
-	}
-	list := func() ([]string, error) {
-		return await(ctx, func() ([]string, error) {
-			c, _, err := b.conn.Children(keyPath)
-			return c, err
-		})
-	}
-	var (
-		children []string
-		listed   bool // children is a listing made since the last wake-up
-	)
-	for {
-		if !listed {
-			var err error
-			if children, err = list(); err != nil {
-				if again, err := retry(err); !again {
-					return dlock.Grant{}, err
-				}
-				continue
-			}
-		}
-		listed = false
-		lastOK, delay = time.Now(), 20*time.Millisecond
-		i, pred, pp := position(children, name)
-		switch {
-		case i < 0:
-			return dlock.Grant{}, vanished()
-		case i > 0 && !wait:
-			b.abandon(path)
-			return dlock.Grant{}, nil
-		}
-		// Our Stat: needed for the grant when the create did not tell the
-		// czxid; and with a waiter, the watch on our node lets the
-		// predecessor's deletion be the grant (see below). useOwn takes
-		// the answer of an ExistsW on our node: it reports ok, or that the
-		// loop must start again (err nil) or end with err.
-		useOwn := func(res statResult, err error) (ok bool, _ error) {
-			switch {
-			case err != nil:
-				_, err := retry(err)
-				return false, err
-			case !res.exists:
-				return false, vanished()
-			}
-			own = &res
-			node.czxid, session = res.stat.Czxid, res.stat.EphemeralOwner
-			return true, nil
-		}
-		readOwn := func() (ok bool, err error) {
-			return useOwn(b.watchOwn(ctx, path))
-		}
-		if i == 0 {
-			if own == nil && node.czxid == 0 {
-				if ok, err := readOwn(); !ok {
-					if err != nil {
-						return dlock.Grant{}, err
-					}
-					continue
-				}
-			}
-			return b.granted(r, path, node.czxid, session, own)
-		}
-		// Watch the predecessor; third or further in line, the node before
-		// it too (see below: its absence only costs the shortcut); and our
-		// own node when the grant will need it. The requests are pipelined
-		// on the connection (in flight together: one round trip, and the
-		// server takes them in one go), and the server answers them in
-		// the order sent.
-		var (
-			ppc  chan (<-chan zk.Event)
-			ownc chan result[statResult]
-		)
-		if pp != "" && watchAhead.Load() {
-			ppc = make(chan (<-chan zk.Event), 1)
-			go func() { ppc <- b.watchBefore(ctx, keyPath+"/"+pp) }()
-		}
-		if own == nil && (node.czxid == 0 || i == 1 || ppc != nil) {
-			ownc = make(chan result[statResult], 1)
-			go func() {
-				res, err := b.watchOwn(ctx, path)
-				ownc <- result[statResult]{res, err}
-			}()
-		}
-		watch, err := b.watchNode(ctx, keyPath+"/"+pred)
-		var ppWatch <-chan zk.Event
-		if ppc != nil {
-			ppWatch = <-ppc
-		}
-		if ownc != nil {
-			res := <-ownc
-			if ok, err := useOwn(res.v, res.err); !ok {
-				if err != nil {
-					return dlock.Grant{}, err
-				}
-				continue
-			}
-		}
-		switch {
-		case errors.Is(err, zk.ErrNoNode) && i == 1 && own.armed():
-			// The predecessor, the only node ahead of ours at the
-			// listing, left before its watch could be set (a quick
-			// release), and our node still exists (its watch is set and
-			// has not fired): ours is the head. Granted without listing
-			// again, as if the watch had fired.
-			return b.granted(r, path, node.czxid, session, own)
-		case errors.Is(err, zk.ErrNoNode):
-			continue // the predecessor left already: look again
-		case err != nil:
-			if again, err := retry(err); !again {
-				return dlock.Grant{}, err
-			}
-			continue
-		}
-	wait:
-		for {
-			select {
-			case ev := <-watch:
-				if ev.Type == zk.EventNodeDeleted && i == 2 && deleted(ppWatch) {
-					// Both nodes ahead at the listing left (their events
-					// came together): as if the one before the predecessor
-					// had gone first (below).
-					i = 1
-				}
-				if ev.Type == zk.EventNodeDeleted && i == 1 && own.armed() {
-					// The predecessor was the head of the queue, and nodes
-					// ahead of ours only ever leave (later nodes get higher
-					// sequence numbers): ours is the head now, unless it was
-					// deleted itself — and that event, being earlier, would
-					// already be on own.watch (armed checks). Granted without
-					// listing again: the hand-off costs the release's round
-					// trip and one notification.
-					return b.granted(r, path, node.czxid, session, own)
-				}
-				// A waiter ahead left, the node changed, or the watch was
-				// dropped (session expired, connection closed): look again.
-				break wait
-			case ev := <-ppWatch:
-				// The node before the predecessor changed, usually deleted
-				// by its holder's release: the predecessor may hold the lock
-				// now. Listing now, while it does, rather than after its own
-				// release, takes that round trip off the path of the next
-				// hand-off: if the predecessor heads the queue, its deletion
-				// is the grant (second in line, above). If a waiter ahead
-				// gave up instead, the node now before the predecessor is
-				// watched. Each deletion thus wakes at most two waiters.
-				ppWatch = nil
-				if ev.Type == zk.EventNodeDeleted && i == 2 && own.armed() {
-					// It and the predecessor were the only nodes ahead at
-					// the listing, and nodes ahead only ever leave: the
-					// predecessor heads the queue, no listing needed.
-					i = 1
-					continue
-				}
-				c, err := list()
-				if err != nil {
-					break wait // handled by the listing at the top
-				}
-				lastOK, delay = time.Now(), 20*time.Millisecond
-				j, p2, pp2 := position(c, name)
-				if j <= 0 || p2 != pred {
-					children, listed = c, true // the predecessor left too
-					break wait
-				}
-				i = j
-				if pp2 != "" && watchAhead.Load() {
-					ppWatch = b.watchBefore(ctx, keyPath+"/"+pp2)
-				}
-				if i == 1 && own == nil {
-					if ok, err := readOwn(); !ok {
-						if err != nil {
-							return dlock.Grant{}, err
-						}
-						break wait
-					}
-				}
-			case ev := <-own.ch():
-				if ev.Type == zk.EventNodeDeleted {
-					return dlock.Grant{}, vanished()
-				}
-				own.watch = nil // no longer watched: no shortcut
-			case <-ctx.Done():
-				b.abandon(path)
-				return dlock.Grant{}, ctx.Err()
-			case <-b.ctx.Done():
-				b.abandon(path)
-				return dlock.Grant{}, errClosed
-			}
-		}
-	}
-}
-
-// watchBefore watches the node at path, ahead of a waiter's predecessor,
-// for the queue loop: a node already gone yields a deletion event at once;
-// a failed request, no watch (nil: only the shortcut is lost).
-func (b *Backend) watchBefore(ctx context.Context, path string) <-chan zk.Event {
-	ch, err := b.watchNode(ctx, path)
-	if errors.Is(err, zk.ErrNoNode) {
-		gone := make(chan zk.Event, 1)
-		gone <- zk.Event{Type: zk.EventNodeDeleted, Path: path}
-		return gone
-	}
-	return ch
-}
-
-// watchOwn reads the Stat of our lock node at path and sets an existence
-// watch on it (ExistsW), bounded by ctx.
-func (b *Backend) watchOwn(ctx context.Context, path string) (statResult, error) {
-	return await(ctx, func() (statResult, error) {
-		ok, st, ch, err := b.conn.ExistsW(path)
-		return statResult{exists: ok, stat: st, watch: ch}, err
-	})
-}
-
-// watchNode sets a data watch on the node at path (GetW), bounded by ctx.
-// It fails with zk.ErrNoNode when the node does not exist.
-func (b *Backend) watchNode(ctx context.Context, path string) (<-chan zk.Event, error) {
-	return await(ctx, func() (<-chan zk.Event, error) {
-		_, _, ch, err := b.conn.GetW(path)
-		return ch, err
-	})
-}
-
-// deleted reports, without waiting, whether ch holds a deletion event. It
-// takes any event there is (the caller lists again on anything else).
-func deleted(ch <-chan zk.Event) bool {
-	select {
-	case ev := <-ch:
-		return ev.Type == zk.EventNodeDeleted
-	default:
-		return false
-	}
-}
-
-// ch returns the watch channel, nil (blocking forever) when there is none.
-func (s *statResult) ch() <-chan zk.Event {
-	if s == nil {
-		return nil
-	}
-	return s.watch
-}
-
-// armed reports whether the watch is set and has not fired.
-func (s *statResult) armed() bool {
-	if s == nil || s.watch == nil {
-		return false
-	}
-	select {
-	case <-s.watch:
-		// Fired: a deletion makes the caller list again and find the
-		// node gone; anything else just ends the watch.
-		s.watch = nil
-		return false
-	default:
-		return true
-	}
 }
 
 // granted records the hold of the node at path, first in its queue. A
@@ -413,13 +102,13 @@ func (b *Backend) granted(r dlock.Request, path string, czxid, session int64, ow
 		fence:   uint64(czxid),
 		session: session,
 		count:   1,
+		pending: 1,
 	}
 	watch := own.ch()
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
-		b.abandon(path)
-		return dlock.Grant{}, errClosed
+		return dlock.Grant{}, errClosed // queue deletes the node
 	}
 	old := b.holds[h.key]
 	b.holds[h.key] = h

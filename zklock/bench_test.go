@@ -60,12 +60,13 @@ func benchHandoff(b *testing.B, workers int) {
 		session = 10 * time.Second
 	)
 	key := fmt.Sprintf("bench-%d", time.Now().UnixNano())
-	newOurs := func() *contenders {
+	newOurs := func(ahead bool) *contenders {
 		return newContenders(workers, hold, func() (lock, unlock, close func()) {
 			_, be, err := zklock.Connect([]string{zkServer.Addr()}, session, zklock.WithLogger(quiet{}))
 			if err != nil {
 				b.Fatal(err)
 			}
+			be.SetWatchAhead(ahead)
 			c := dlock.New(be, dlock.WithTTL(session))
 			var l *dlock.Lease
 			lock = func() {
@@ -85,7 +86,7 @@ func benchHandoff(b *testing.B, workers int) {
 	// The sets take turns, in a rotating order: zklock as in production,
 	// zklock without watching the node ahead of the predecessor (what that
 	// saves), and the peer.
-	sets := []*contenders{newOurs(), newOurs(), newContenders(workers, hold, func() (lock, unlock, close func()) {
+	sets := []*contenders{newOurs(true), newOurs(false), newContenders(workers, hold, func() (lock, unlock, close func()) {
 		conn, _, err := zk.Connect([]string{zkServer.Addr()}, session, zk.WithLogger(quiet{}))
 		if err != nil {
 			b.Fatal(err)
@@ -104,15 +105,10 @@ func benchHandoff(b *testing.B, workers int) {
 		return lock, unlock, conn.Close
 	})}
 	names := []string{"zklock", "zklock (no watch ahead)", "zk.Lock"}
-	ahead := []bool{true, false, true}
 	for _, c := range sets {
 		defer c.close()
 	}
-	run := func(i int) float64 {
-		restore := zklock.SetWatchAhead(ahead[i])
-		defer restore()
-		return sets[i].run(slice)
-	}
+	run := func(i int) float64 { return sets[i].run(slice) }
 	for range 4 { // warm-up: the JVM's JIT compiler, parent nodes
 		for i := range sets {
 			run(i)

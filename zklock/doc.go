@@ -84,11 +84,64 @@
 // deleted by a background clean-up that retries until the node or its
 // session is gone, or the Backend is closed.
 //
-// Reentrancy (dlock.WithOwner) is local to the Backend: the same owner
-// token re-entering through the same Backend increments a count kept in
-// memory (after checking that the node still exists), keeps the fence, and
-// only the last Release deletes the node. The same owner through another
-// Backend, i.e. another session, queues like anyone else.
+// Reentrancy (dlock.WithOwner) is local to the Backend: a reentrant
+// request of the token that holds the lock through the same Backend raises
+// a count kept in memory (after checking that the node still exists) and
+// keeps the fence; only the last Release deletes the node. A dlock Client
+// counts its own nested holds and sends the backend only an owner's first
+// one, so the count exceeds one only when several Clients share a Backend.
+// The same owner through another Backend, i.e. another session, queues
+// like anyone else: ZooKeeper ties a lock node to one session, and a hold
+// shared across sessions would end with whichever session released first.
+//
+// # The lease model
+//
+// A zklock hold is bound to its session, not to a TTL, and the dlock
+// Client's lease model maps onto it as follows.
+//
+//   - Deadline. The server keeps a held node until its session expires,
+//     which is never earlier than the session timeout T after the session's
+//     last contact. Every acquisition and Refresh is such a contact, made
+//     after the Client's invoke time, so the server's deadline is at least
+//     invoke + T ≥ invoke + TTL ≥ Expires whenever TTL ≤ T (checked on
+//     every acquisition and Refresh). Nothing moves that deadline back: a
+//     re-entry or a Refresh with a shorter TTL, or a late renewal, only
+//     adds contacts; the TTL a request carries changes nothing on the
+//     server.
+//   - Refresh and Release act on the grant they name: the token and, when
+//     the request carries one, the fence (the node's czxid) must match the
+//     hold this Backend records, else they return an error matching
+//     dlock.ErrNotHeld and change nothing.
+//   - Re-entry is counted in memory only after the node was found to
+//     exist, and the grant is returned at once: there is no lost reply
+//     that could leave the count raised. A re-entry or an attempt whose
+//     context ends never touches the held node: an attempt deletes only
+//     the node it created itself, named by its own guid and sequence.
+//   - A non-reentrant attempt by the token holding the lock queues a node
+//     of its own behind the held one: TryAcquire is not granted, Wait
+//     waits for the release.
+//   - Leftovers. A hold all of whose leases ended without Release (the
+//     Client declared them lost when renewals went unanswered) is deleted
+//     in the background (see Lost leases); a Release whose answer never
+//     came is retried in the background; an abandoned attempt's node is
+//     deleted at once or in the background. All of them also go with the
+//     session.
+//
+// # Retries, pauses and background work
+//
+// A call makes only bounded retries within its context: a create whose
+// reply was lost is looked up by its guid and retried at most three times
+// in all; a Wait whose requests fail because the connection is down
+// retries after a pause of 20ms doubling up to a second, until a whole
+// session timeout has passed without an answer from the server (the node,
+// and the session, may well survive such a disconnection); the look-up
+// after a lost create reply retries the same way. Nothing else sleeps.
+// The Backend renews nothing itself: go-zookeeper's heartbeats keep the
+// session alive, as the protocol requires. Its background work is the
+// clean-up of its own leftovers (nodes of abandoned attempts, releases
+// that got no answer, holds given up), retried with pauses from 50ms
+// doubling up to a second until the node is gone, its session has ended,
+// or the Backend is closed; and the existence watches on held nodes.
 //
 // # Fence
 //
@@ -127,9 +180,27 @@
 // longest time you accept a dead holder blocking the lock, and TTL = T.
 //
 // Connect reads T from the server's handshake reply on every connection.
-// go-zookeeper does not expose it for a connection made elsewhere, so New
-// needs WithSessionTimeout; without it every acquisition fails with
-// dlock.ErrInvalidTTL rather than guess.
+// Until the first reply, SessionTimeout and MaxTTL return the requested
+// timeout (in whole milliseconds, as sent), so a Client created right
+// after Connect gets the same default TTL as one created later; an
+// acquisition or Refresh that comes before the reply waits for it (within
+// its context) and checks its TTL against the negotiated T. The server
+// raises a request below its minSessionTimeout, which keeps the requested
+// value safe; only a request above its maxSessionTimeout is lowered, and
+// then a TTL between the two is refused with an error naming both: request
+// a timeout the server accepts. go-zookeeper does not expose T for a
+// connection made elsewhere, so New needs WithSessionTimeout; without it
+// every acquisition fails with dlock.ErrInvalidTTL rather than guess.
+//
+// MinTTL (dlock.TTLFloor) is 100ms. The Client renews every TTL/3 and a
+// renewal is one sync; it keeps retrying a failed renewal until Expires,
+// about 2·TTL/3 after it was due. Measured on loopback under -race with
+// 2 cores at load average 6.5 (TestMinTTLMeasure): a renewal took
+// 0.75ms at the median, 3.8ms at the 99th percentile, 4.3ms at most over
+// 200 samples; an uncontended acquisition 1.8ms, 8.8ms and 22ms. At
+// 100ms the first renewal has about 66ms before Expires, fifteen times
+// the slowest renewal seen, which leaves room for scheduling and garbage
+// collection pauses. A shorter TTL is refused with dlock.ErrInvalidTTL.
 //
 // Ensembles: a follower relays the session contacts it sees to the leader
 // with its next ping (every tickTime/2); if it is cut off from the leader
@@ -144,10 +215,14 @@
 //   - Disconnected is "suspended", not lost: the session, and the lock,
 //     survive a reconnection within T. Refresh fails meanwhile, and the
 //     Client keeps the lease until its Expires, then reports it lost.
-//   - A lease the Client reports lost on its own (no successful Refresh
-//     until Expires) has its node deleted in the background as soon as the
-//     server answers again: a holder that gave up must not keep the lock
-//     for the rest of its session.
+//   - A hold whose leases all ended without Release (the Client reported
+//     them lost on its own: no successful Refresh until Expires) has its
+//     node deleted in the background 250ms later, as soon as the server
+//     answers: a holder that gave up must not keep the lock for the rest of
+//     its session. A grant whose lease has not registered for loss
+//     notification yet counts as a live lease, and a lease that registers
+//     for the hold or refreshes it within the 250ms keeps it (a Client may
+//     add a nested hold of the same grant just as another one expires).
 //   - Session expiry, the node's deletion by anyone but Release (an
 //     operator, ForceRelease), or the connection being closed end the lease
 //     at once: the Backend keeps a watch on every held node and reports

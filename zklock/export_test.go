@@ -52,14 +52,10 @@ func Frames(stream []byte, max, chunk int) [][]byte {
 	return heads
 }
 
-// SetWatchAhead turns the protocol switch watchAhead on or off (for
-// benchmarks that measure what it saves) and returns a function restoring
-// it. Not safe while acquisitions run.
-func SetWatchAhead(on bool) (restore func()) {
-	old := watchAhead.Load()
-	watchAhead.Store(on)
-	return func() { watchAhead.Store(old) }
-}
+// SetWatchAhead turns b's protocol switch watchAhead on or off (for
+// benchmarks that measure what it saves). Call it before b's first
+// acquisition.
+func (b *Backend) SetWatchAhead(on bool) { b.watchAhead = on }
 
 // Unwatched returns how many holds of b have no existence watch on their
 // node (the armer has not set it yet, or it fired).
@@ -74,3 +70,6 @@ func (b *Backend) Unwatched() int {
 	}
 	return n
 }
+
+// ReapGrace is reapGrace.
+const ReapGrace = reapGrace

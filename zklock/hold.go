@@ -29,6 +29,8 @@ type hold struct {
 	watchGen  uint32          // Connect: the connection the wire watch is on, 0: none (wirewatch.go)
 	queued    bool            // in b.toArm
 	releasing bool            // Release is deleting the node: its deletion is no loss
+	pending   int             // grants (first or re-entry) whose lease has not registered yet
+	orphanGen uint32          // bumped by every registration and Refresh: cancels a scheduled reap
 }
 
 type holdKey struct{ key, token string }
@@ -54,30 +56,29 @@ func (b *Backend) lookup(r dlock.Request) *hold {
 	return h
 }
 
+// touch cancels a reap scheduled for h: a lease refreshes it.
+func (b *Backend) touch(h *hold) {
+	b.mu.Lock()
+	h.orphanGen++
+	b.mu.Unlock()
+}
+
 func notHeld(key string) error {
 	return fmt.Errorf("zklock: %q: %w", key, dlock.ErrNotHeld)
 }
 
-// Refresh implements dlock.Backend. ZooKeeper keeps a lock node as long
-// as its session lives, and the connection's heartbeats keep the session
-// alive, so Refresh extends nothing: it proves that the node still exists
-// and belongs to this session, which the server then keeps for at least
-// one session timeout. The proof is a sync answered on the node's session
-// while the existence watch set on the node has not fired (one round
-// trip; see RefreshMany); a node without a watch (held for less than
-// 100 ms, or written to by someone) is also read, which watches it again.
-// It returns an error matching dlock.ErrNotHeld when the node is gone (and
-// reports the loss to NotifyLoss callbacks), and one matching
-// dlock.ErrInvalidTTL when r.TTL exceeds the session timeout.
+// Refresh implements dlock.Backend: it proves, with one sync, that the
+// node of r's grant (token and fence) still exists in this session, which
+// the server then keeps for at least the session timeout. It returns an
+// error matching dlock.ErrNotHeld when the node is gone, and one matching
+// dlock.ErrInvalidTTL for a TTL outside [MinTTL, SessionTimeout].
 func (b *Backend) Refresh(ctx context.Context, r dlock.Request) error {
 	return b.RefreshMany(ctx, []dlock.Request{r})[0]
 }
 
-// RefreshMany implements dlock.BatchRefresher: one sync for the whole
-// batch, after which every node whose existence watch is set and has not
-// fired is proven without a request (ZooKeeper delivers a watch's event
-// before the reply to any later request of the session); the others are
-// read, pipelined on the connection (one more round trip for all).
+// RefreshMany implements dlock.BatchRefresher: Refresh for every request,
+// with one sync for the whole batch; nodes without a watch are read too,
+// pipelined in one more round trip.
 func (b *Backend) RefreshMany(ctx context.Context, rs []dlock.Request) []error {
 	errs := make([]error, len(rs))
 	if err := b.usable(); err != nil {
@@ -97,6 +98,7 @@ func (b *Backend) RefreshMany(ctx context.Context, rs []dlock.Request) []error {
 			errs[i] = notHeld(r.Key)
 			continue
 		}
+		b.touch(hs[i])
 		todo = append(todo, i)
 	}
 	if len(todo) == 0 {
@@ -196,15 +198,11 @@ func (b *Backend) setWatch(h *hold, ch <-chan zk.Event) {
 	}
 }
 
-// Release implements dlock.Backend. A reentrant hold with a count above
-// one is decremented locally. The last hold deletes the node, which can
-// only be this acquisition's own (its name carries a random guid and a
-// sequence number), so any version is deleted. It returns an error
-// matching dlock.ErrNotHeld when r.Token holds no lock on r.Key through
-// this Backend (with r.Fence, when set, as the fence) or the node was
-// already gone. When the server does not answer, the hold is forgotten
-// anyway and the node is deleted in the background; the error is
-// returned.
+// Release implements dlock.Backend: it gives up one hold of r's grant
+// (token and fence) and deletes the node with the last one. It returns an
+// error matching dlock.ErrNotHeld when r holds nothing here or the node
+// was already gone; when the server does not answer, the node is deleted
+// in the background and the error returned.
 func (b *Backend) Release(ctx context.Context, r dlock.Request) error {
 	if b.err != nil {
 		return b.err
@@ -220,6 +218,10 @@ func (b *Backend) Release(ctx context.Context, r dlock.Request) error {
 	}
 	if h.count > 1 {
 		h.count--
+		h.pending = max(h.pending-1, 0) // perhaps a grant its Client gave back
+		if b.orphanLocked(h) {
+			b.scheduleReapLocked(h) // the other holds' leases ended without Release
+		}
 		b.mu.Unlock()
 		return nil
 	}
@@ -238,20 +240,12 @@ func (b *Backend) Release(ctx context.Context, r dlock.Request) error {
 	return fmt.Errorf("zklock: release %q (the lock node is deleted in the background): %w", r.Key, err)
 }
 
-// NotifyLoss implements dlock.LossNotifier: fn is called once, when the
-// lock node is deleted by anyone but Release, when the session expires or
-// the connection is closed (reported by the node's watch, on one of the
-// Backend's watch goroutines), or when Refresh or Close finds the node gone (on
-// their goroutine); the cause matches dlock.ErrNotHeld.
-// A disconnection alone is no loss: the session may resume (the Client's
-// Expires covers the time without an answer). If r holds nothing here, fn
-// is called before NotifyLoss returns.
-//
-// stop must be called when the lease ends. When the last lease on a hold
-// ends by stop without having been released (the Client declared it lost
-// because renewals went unanswered until it could have expired), the node
-// is deleted in the background: a lock its holder has given up must not
-// stay in the queue for as long as the session lives.
+// NotifyLoss implements dlock.LossNotifier: fn is called once, with an
+// error matching dlock.ErrNotHeld, when r's node is deleted by anyone but
+// Release, its session ends or Refresh finds it gone (at once when r holds
+// nothing here). stop must be called when the lease ends; a hold whose
+// leases all ended without Release is deleted (see the package
+// documentation, Lost leases).
 func (b *Backend) NotifyLoss(r dlock.Request, fn func(cause error)) (stop func()) {
 	h := b.lookup(r)
 	b.mu.Lock()
@@ -263,27 +257,59 @@ func (b *Backend) NotifyLoss(r dlock.Request, fn func(cause error)) (stop func()
 	b.regID++
 	id := b.regID
 	h.regs = append(h.regs, reg{id, fn})
+	h.pending = max(h.pending-1, 0)
+	h.orphanGen++
 	b.mu.Unlock()
 	return func() { b.unregister(h, id) } // a second call finds id gone
 }
 
 func (b *Backend) unregister(h *hold, id uint64) {
 	b.mu.Lock()
+	defer b.mu.Unlock()
 	i := slices.IndexFunc(h.regs, func(r reg) bool { return r.id == id })
 	if i < 0 {
-		b.mu.Unlock()
 		return
 	}
 	h.regs = slices.Delete(h.regs, i, i+1)
-	orphan := len(h.regs) == 0 && b.holds[h.key] == h && !h.releasing
-	if orphan {
-		b.forgetLocked(h)
-		h.releasing = true
+	if b.orphanLocked(h) {
+		b.scheduleReapLocked(h)
 	}
-	b.mu.Unlock()
-	if orphan {
-		b.reap(h.path, h.session)
-	}
+}
+
+// reapGrace is how long a hold whose last lease ended without Release
+// keeps its node before it is deleted: a lease of the same grant that
+// registers, or a Refresh of it, within that time keeps the hold.
+const reapGrace = 250 * time.Millisecond
+
+// orphanLocked reports whether h is held with no lease on it: no
+// registration, and no grant whose lease has yet to register. b.mu must
+// be held.
+func (b *Backend) orphanLocked(h *hold) bool {
+	return len(h.regs) == 0 && h.pending == 0 && b.holds[h.key] == h && !h.releasing && !b.closed
+}
+
+// scheduleReapLocked deletes h's node after reapGrace, unless a lease
+// registers for h or refreshes it meanwhile. b.mu must be held.
+func (b *Backend) scheduleReapLocked(h *hold) {
+	h.orphanGen++
+	gen := h.orphanGen
+	b.wg.Add(1) // not closed: orphanLocked checked it
+	go func() {
+		defer b.wg.Done()
+		if !sleepCtx(b.ctx, reapGrace) {
+			return
+		}
+		b.mu.Lock()
+		orphan := b.orphanLocked(h) && h.orphanGen == gen
+		if orphan {
+			b.forgetLocked(h)
+			h.releasing = true
+		}
+		b.mu.Unlock()
+		if orphan {
+			b.reap(h.path, h.session)
+		}
+	}()
 }
 
 // loseHold forgets h and calls its loss callbacks with cause, once.

@@ -74,14 +74,9 @@ func WithACL(acl ...zk.ACL) Option {
 }
 
 // WithSessionTimeout declares, for New, the session timeout the server
-// negotiated for the connection passed in: the sessionTimeout given to
-// zk.Connect, clamped by the server to [minSessionTimeout,
-// maxSessionTimeout] (by default 2 to 20 × tickTime). go-zookeeper does not
-// expose the negotiated value, and a lease's TTL must not exceed it (see
-// the package documentation), so a Backend from New without this option
-// refuses every acquisition with an error matching dlock.ErrInvalidTTL.
-// Connect learns the negotiated value itself and rejects this option. A
-// value ≤ 0 is an ErrInvalidOption error.
+// negotiated for the connection (go-zookeeper does not expose it). Without
+// it a Backend from New refuses every TTL. Connect rejects it. A value ≤ 0
+// is an ErrInvalidOption error.
 func WithSessionTimeout(d time.Duration) Option {
 	return func(c *config) error {
 		if d <= 0 {

@@ -14,18 +14,22 @@ import (
 	"github.com/go-zookeeper/zk"
 )
 
-// Backend is a dlock.Backend on one ZooKeeper session: the *zk.Conn given
-// to New or made by Connect. It implements dlock.Backend,
-// dlock.BatchRefresher, dlock.Waiter (a FIFO queue, its only waiting
-// mode), dlock.LossNotifier, dlock.Inspector and dlock.ForceReleaser. It is
-// safe for concurrent use. Create it with New or Connect; the zero value
-// is not usable.
+// Backend is a dlock.Backend on one ZooKeeper session. It also implements
+// dlock.BatchRefresher, Waiter, LossNotifier, Inspector, ForceReleaser,
+// TTLLimiter and TTLFloor. It is safe for concurrent use; create it with
+// New or Connect.
 type Backend struct {
 	conn  *zk.Conn
 	cfg   config
 	err   error // configuration error from New: every call fails with it
 	owned bool  // made by Connect: Close closes conn
 
+	// watchAhead: a waiter third or further in line also watches the node
+	// before its predecessor (see waiter.watchAhead). Always on, except in
+	// benchmarks that measure what it saves.
+	watchAhead bool
+
+	requested   time.Duration // Connect: the session timeout asked for, as sent (whole ms)
 	negotiated  atomic.Int64  // Connect: negotiated session timeout (ns), 0 until known
 	plainCreate atomic.Bool   // creates are plain, not multi-ops (see createOnce)
 	czxids      zxidTable     // Connect: czxids of lock node creates, read off the wire
@@ -52,19 +56,9 @@ type Backend struct {
 var errClosed = fmt.Errorf("zklock: %w", dlock.ErrClosed)
 
 // New returns a Backend on conn, whose session holds every lock the
-// Backend takes. Pass WithSessionTimeout with the session timeout the
-// server negotiated for conn: go-zookeeper does not expose it, and without
-// it every acquisition fails with an error matching dlock.ErrInvalidTTL
-// (Connect needs no such option). New does not contact the server. An
-// invalid option, or a nil conn, is recorded: Err returns it and every
-// call fails with it. Close does not close conn.
-//
-// Like a Backend from Connect, it learns of a lost lock from a watch on
-// each held node (which reports the node's deletion, and the session's
-// expiry once the connection is re-established) and from Refresh; it needs
-// none of the connection's session events. Its watches are go-zookeeper's
-// (a Backend from Connect keeps its own, at less memory per held lock:
-// see the package documentation).
+// Backend takes; pass WithSessionTimeout (see its doc). New does not
+// contact the server; an invalid option or a nil conn is recorded, Err
+// returns it and every call fails with it. Close does not close conn.
 func New(conn *zk.Conn, opts ...Option) *Backend {
 	cfg := defaultConfig()
 	b := newBackend(conn, cfg)
@@ -78,16 +72,11 @@ func New(conn *zk.Conn, opts ...Option) *Backend {
 	return b
 }
 
-// Connect opens a ZooKeeper session to servers with the requested
-// sessionTimeout (like zk.Connect, it returns before the session is
-// established) and returns the connection and a Backend on it that owns
-// it: Backend.Close closes the connection, which ends the session and
-// deletes the lock nodes still held. Connect learns the session timeout
-// the server negotiates (ZooKeeper clamps it to 2–20 × tickTime by
-// default) from the handshake, on every (re)connection, and checks every
-// TTL against it. The connection may be used for other purposes too.
-// Options WithLogger, WithDialer and WithConnOptions configure the
-// connection; WithSessionTimeout is an ErrInvalidOption error here.
+// Connect opens a ZooKeeper session to servers, requesting
+// sessionTimeout, and returns the connection and a Backend that owns it
+// (Backend.Close closes it, freeing its locks). Like zk.Connect it returns
+// before the session is established. WithSessionTimeout is an
+// ErrInvalidOption error here.
 func Connect(servers []string, sessionTimeout time.Duration, opts ...Option) (*zk.Conn, *Backend, error) {
 	cfg := defaultConfig()
 	if err := cfg.apply(opts); err != nil {
@@ -101,6 +90,7 @@ func Connect(servers []string, sessionTimeout time.Duration, opts ...Option) (*z
 	}
 	b := newBackend(nil, cfg)
 	b.owned = true
+	b.requested = sessionTimeout.Truncate(time.Millisecond) // go-zookeeper sends whole ms
 	dial := cfg.dialer
 	if dial == nil {
 		dial = net.DialTimeout
@@ -136,15 +126,16 @@ func Connect(servers []string, sessionTimeout time.Duration, opts ...Option) (*z
 func newBackend(conn *zk.Conn, cfg config) *Backend {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Backend{
-		born:    time.Now(),
-		conn:    conn,
-		cfg:     cfg,
-		ctx:     ctx,
-		cancel:  cancel,
-		armKick: make(chan struct{}, 1),
-		holds:   make(map[holdKey]*hold),
-		byPath:  make(map[string]*hold),
-		reading: make(map[string]*armWire),
+		born:       time.Now(),
+		watchAhead: true,
+		conn:       conn,
+		cfg:        cfg,
+		ctx:        ctx,
+		cancel:     cancel,
+		armKick:    make(chan struct{}, 1),
+		holds:      make(map[holdKey]*hold),
+		byPath:     make(map[string]*hold),
+		reading:    make(map[string]*armWire),
 	}
 }
 
@@ -156,18 +147,28 @@ func (b *Backend) since() time.Duration { return time.Since(b.born) }
 func (b *Backend) Err() error { return b.err }
 
 // SessionTimeout returns the session timeout TTLs are checked against:
-// the value negotiated with the server (Connect; 0 until the first session
-// is established) or the one declared with WithSessionTimeout (New; 0 when
-// not declared).
+// with Connect, the value the server negotiated, or the requested one
+// until the server has answered; with New, the one declared with
+// WithSessionTimeout (0 when not declared).
 func (b *Backend) SessionTimeout() time.Duration {
+	if st := b.knownTimeout(); st > 0 {
+		return st
+	}
+	return b.requested
+}
+
+// knownTimeout returns the declared (New) or negotiated (Connect) session
+// timeout, 0 when there is none yet.
+func (b *Backend) knownTimeout() time.Duration {
 	if b.cfg.sessionTimeout > 0 {
 		return b.cfg.sessionTimeout
 	}
 	return time.Duration(b.negotiated.Load())
 }
 
-// MaxTTL implements dlock.TTLLimiter: a lease cannot outlive the session
-// timeout, so a dlock Client created without WithTTL uses it as its TTL.
+// MaxTTL implements dlock.TTLLimiter: it returns SessionTimeout, the
+// longest TTL a lease may have. It does not wait for the session (see
+// "TTL and the session timeout" in the package documentation).
 func (b *Backend) MaxTTL() time.Duration { return b.SessionTimeout() }
 
 // KeyPath returns the znode under which the queue of key's lock nodes
@@ -190,36 +191,36 @@ func (b *Backend) usable() error {
 	return nil
 }
 
-// checkTTL refuses a TTL longer than the session timeout. With Connect,
-// before the first session is established it waits (bounded by ctx) for
-// the server to answer once, which fixes the negotiated value.
+// checkTTL refuses a TTL below MinTTL or above the session timeout. With
+// Connect, before the first session is established it waits (bounded by
+// ctx) for the server to answer, and checks against the negotiated value.
 func (b *Backend) checkTTL(ctx context.Context, ttl time.Duration) error {
-	if ttl < dlock.MinTTL {
-		return fmt.Errorf("zklock: %w: %v is below the minimum %v", dlock.ErrInvalidTTL, ttl, dlock.MinTTL)
+	if floor := b.MinTTL(); ttl < floor {
+		return fmt.Errorf("zklock: %w: TTL %v is below zklock's minimum %v", dlock.ErrInvalidTTL, ttl, floor)
 	}
-	st := b.SessionTimeout()
+	st := b.knownTimeout()
 	if st == 0 && b.owned {
 		if _, err := await(ctx, func() (string, error) { return b.conn.Sync("/") }); err != nil {
 			return fmt.Errorf("zklock: waiting for the session: %w", err)
 		}
-		st = b.SessionTimeout()
+		st = b.knownTimeout()
 	}
 	switch {
 	case st == 0:
 		return fmt.Errorf("zklock: %w: the session timeout is unknown, so no TTL is known to be safe: create the Backend with Connect, or pass WithSessionTimeout to New", dlock.ErrInvalidTTL)
+	case ttl > st && b.owned && b.requested > st:
+		return fmt.Errorf("zklock: %w: TTL %v is longer than the ZooKeeper session timeout %v (the server lowered the requested %v to its maxSessionTimeout)", dlock.ErrInvalidTTL, ttl, st, b.requested)
 	case ttl > st:
 		return fmt.Errorf("zklock: %w: TTL %v is longer than the ZooKeeper session timeout %v, which is all the server guarantees a lock node after the holder's last contact", dlock.ErrInvalidTTL, ttl, st)
 	}
 	return nil
 }
 
-// Close stops the Backend's watch goroutines and background clean-up. Locks it
-// still holds (the dlock Client releases its leases before closing its
-// backend) are reported lost to NotifyLoss callbacks. With Connect, Close
-// then closes the connection, which ends the session and so deletes those
-// lock nodes; with New, it deletes them itself (bounded by one second
-// each) and leaves conn open. Later calls fail with an error matching
-// dlock.ErrClosed. Close always returns nil and may be called again.
+// Close stops the Backend's goroutines and reports the locks it still
+// holds lost to their NotifyLoss callbacks; with Connect it then closes
+// the connection (the session's nodes go with it), with New it deletes
+// them (up to a second each). Later calls fail with dlock.ErrClosed.
+// Close returns nil.
 func (b *Backend) Close() error {
 	b.mu.Lock()
 	if b.closed {
@@ -271,3 +272,12 @@ func zkErr(op, key string, err error) error {
 	}
 	return fmt.Errorf("zklock: %s %q: %w", op, key, err)
 }
+
+// minTTL is the shortest TTL zklock accepts (see MinTTL).
+const minTTL = 100 * time.Millisecond
+
+// MinTTL implements dlock.TTLFloor: it returns the shortest TTL a lease
+// may have, 100ms. Shorter leases are refused with an error matching
+// dlock.ErrInvalidTTL (the measurement behind the value is in the package
+// documentation).
+func (b *Backend) MinTTL() time.Duration { return minTTL }

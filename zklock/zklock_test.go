@@ -9,6 +9,7 @@ import (
 	"maps"
 	"net"
 	"os"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -493,7 +494,7 @@ func TestInspectAndForceRelease(t *testing.T) {
 		t.Fatalf("Inspect: %v", err)
 	}
 	want := dlock.Info{Key: k, Held: true, Owner: holder.Owner(), Fence: holder.Fence(), Waiters: 1}
-	if info != want {
+	if !reflect.DeepEqual(info, want) {
 		t.Fatalf("Inspect: got %+v, want %+v", info, want)
 	}
 	if info, err := hb.Inspect(ctx, k); err != nil || info.Count != 1 {
@@ -787,6 +788,8 @@ func TestTTLBoundBySession(t *testing.T) {
 	defer c.Close()
 	if _, err := c.Acquire(ctx, k); !errors.Is(err, dlock.ErrInvalidTTL) {
 		t.Fatalf("Acquire with TTL 30s on a 10s session: got %v, want ErrInvalidTTL", err)
+	} else if msg := err.Error(); !strings.Contains(msg, "10s") || !strings.Contains(msg, "requested 30s") {
+		t.Fatalf("Acquire with TTL 30s on a 10s session: got %q, want the negotiated and requested timeouts named", msg)
 	}
 	if got, want := b.SessionTimeout(), 10*time.Second; got != want {
 		t.Fatalf("negotiated session timeout: got %v, want %v", got, want)
