@@ -85,9 +85,11 @@ func benchHandoff(b *testing.B, workers int) {
 	}
 	rounds := max(int(10*time.Second/slice), 1)
 	key := uniqueKey(b)
-	newOurs := func() *contenders {
+	newOurs := func(p etcdlock.Protocol) *contenders {
 		return newContenders(workers, hold, func() contender {
-			c := dlock.New(etcdlock.New(newCli(b, srv.Endpoints())), dlock.WithTTL(ttl))
+			eb := etcdlock.New(newCli(b, srv.Endpoints()))
+			etcdlock.SetProtocol(eb, p)
+			c := dlock.New(eb, dlock.WithTTL(ttl))
 			var l *dlock.Lease
 			return contender{
 				lock: func() {
@@ -109,7 +111,9 @@ func benchHandoff(b *testing.B, workers int) {
 	// protocol switches on (as in production), then with new watches (and
 	// a new watch stream) for every wait, then with all switches off: what
 	// each saves.
-	sets := []*contenders{newOurs(), newOurs(), newOurs(), newContenders(workers, hold, func() contender {
+	perWait := etcdlock.AllOn
+	perWait.AnchorStream, perWait.ShareWatches = false, false
+	sets := []*contenders{newOurs(etcdlock.AllOn), newOurs(perWait), newOurs(etcdlock.Protocol{}), newContenders(workers, hold, func() contender {
 		s, err := concurrency.NewSession(newCli(b, srv.Endpoints()), concurrency.WithTTL(int(ttl/time.Second)))
 		if err != nil {
 			b.Fatalf("NewSession: %v", err)
@@ -130,17 +134,10 @@ func benchHandoff(b *testing.B, workers int) {
 		}
 	})}
 	names := []string{"etcdlock", "etcdlock (watches per wait)", "etcdlock (all switches off)", "concurrency.Mutex"}
-	perWait := etcdlock.AllOn
-	perWait.AnchorStream, perWait.ShareWatches = false, false
-	switches := []etcdlock.Protocol{etcdlock.AllOn, perWait, {}, etcdlock.AllOn}
 	for _, c := range sets {
 		defer c.close()
 	}
-	run := func(i int) float64 {
-		restore := etcdlock.SetProtocol(switches[i])
-		defer restore()
-		return sets[i].run(slice)
-	}
+	run := func(i int) float64 { return sets[i].run(slice) }
 	for range 4 { // warm-up: connections, leases
 		for i := range sets {
 			run(i)
@@ -380,15 +377,11 @@ func BenchmarkManyHeld(b *testing.B) {
 		name string
 		min  int
 	}{{"prefix-watch", etcdlock.PrefixWatchMin()}, {"per-lock-watches", n + 1}} {
-		b.Run(mode.name, func(b *testing.B) {
-			restore := etcdlock.SetPrefixWatchMin(mode.min)
-			defer restore()
-			benchManyHeld(b, n, hold)
-		})
+		b.Run(mode.name, func(b *testing.B) { benchManyHeld(b, n, hold, mode.min) })
 	}
 }
 
-func benchManyHeld(b *testing.B, n int, hold time.Duration) {
+func benchManyHeld(b *testing.B, n int, hold time.Duration, prefixWatchMin int) {
 	const ttl = 10 * time.Second
 	var rts atomic.Int64
 	cli, err := clientv3.New(clientv3.Config{
@@ -408,7 +401,9 @@ func benchManyHeld(b *testing.B, n int, hold time.Duration) {
 		b.Fatalf("clientv3.New: %v", err)
 	}
 	defer cli.Close()
-	c := dlock.New(etcdlock.New(cli), dlock.WithTTL(ttl))
+	eb := etcdlock.New(cli)
+	etcdlock.SetPrefixWatchMin(eb, prefixWatchMin)
+	c := dlock.New(eb, dlock.WithTTL(ttl))
 	defer c.Close()
 	prefix := uniqueKey(b) + "-"
 	// Warm up: lease, connections, watch streams.

@@ -2,7 +2,6 @@ package etcdlock
 
 import (
 	"context"
-	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -33,13 +32,14 @@ import (
 // maxIdleWatches bounds the entry watches no waiter uses per Backend.
 const maxIdleWatches = 16
 
-// entryWatchLinger is how long an entry watch no waiter uses stays open
-// (a variable for the tests).
-var entryWatchLinger atomic.Int64
-
-func init() { entryWatchLinger.Store(int64(time.Second)) }
-
-func lingerTime() time.Duration { return time.Duration(entryWatchLinger.Load()) }
+// waitWatches is the entry watches of the Backend's waiters. Guarded by
+// Backend.mu.
+type waitWatches struct {
+	entries  map[string]*entryWatch // by etcd key
+	idle     int                    // entries no waiter uses
+	reaper   *time.Timer            // runs reapEntries
+	anchored bool                   // anchorLoop runs
+}
 
 // entryWatch is the Backend's watch for deletions of one etcd key.
 // Guarded by Backend.mu.
@@ -74,8 +74,8 @@ func (b *Backend) watchEntry(kv *mvccpb.KeyValue, readRev int64, verify bool) *e
 	key := string(kv.Key)
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	share := shareWatches.Load()
-	w := b.entries[key] // never an ended one
+	share := b.tune.shareWatches
+	w := b.waits.entries[key] // never an ended one
 	if w == nil || !share {
 		w = &entryWatch{key: key, changed: make(chan struct{})}
 		if b.closed {
@@ -84,13 +84,13 @@ func (b *Backend) watchEntry(kv *mvccpb.KeyValue, readRev int64, verify bool) *e
 			ctx, cancel := context.WithCancel(b.waitCtx)
 			w.cancel = cancel
 			if share {
-				b.entries[key] = w
+				b.waits.entries[key] = w
 			}
 			b.wg.Add(1)
 			go b.createEntry(ctx, w)
 		}
 	} else if w.users == 0 {
-		b.idleWatches--
+		b.waits.idle--
 	}
 	w.users++
 	return &entryUse{w: w, kv: kv, readRev: readRev, verify: verify}
@@ -142,10 +142,10 @@ func (b *Backend) endEntryLocked(w *entryWatch) {
 	if w.cancel != nil {
 		w.cancel()
 	}
-	if b.entries[w.key] == w {
-		delete(b.entries, w.key)
+	if b.waits.entries[w.key] == w {
+		delete(b.waits.entries, w.key)
 		if w.users == 0 {
-			b.idleWatches--
+			b.waits.idle--
 		}
 	}
 }
@@ -161,27 +161,27 @@ func (u *entryUse) release(b *Backend) {
 	if w.users--; w.users > 0 || w.ended {
 		return
 	}
-	if b.entries[w.key] != w {
+	if b.waits.entries[w.key] != w {
 		b.endEntryLocked(w) // not shared (shareWatches off)
 		return
 	}
 	w.idle = time.Now()
-	b.idleWatches++
+	b.waits.idle++
 	if b.closed {
 		b.endEntryLocked(w)
 		return
 	}
-	if b.idleWatches > maxIdleWatches {
+	if b.waits.idle > maxIdleWatches {
 		var oldest *entryWatch
-		for _, x := range b.entries {
+		for _, x := range b.waits.entries {
 			if x.users == 0 && (oldest == nil || x.idle.Before(oldest.idle)) {
 				oldest = x
 			}
 		}
 		b.endEntryLocked(oldest)
 	}
-	if b.reaper == nil {
-		b.reaper = time.AfterFunc(lingerTime(), b.reapEntries)
+	if b.waits.reaper == nil {
+		b.waits.reaper = time.AfterFunc(b.tune.entryWatchLinger, b.reapEntries)
 	}
 }
 
@@ -190,16 +190,16 @@ func (u *entryUse) release(b *Backend) {
 func (b *Backend) reapEntries() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.reaper = nil
+	b.waits.reaper = nil
 	if b.closed {
 		return
 	}
 	var next time.Duration
-	for _, w := range b.entries {
+	for _, w := range b.waits.entries {
 		if w.users > 0 {
 			continue
 		}
-		if d := lingerTime() - time.Since(w.idle); d > 0 {
+		if d := b.tune.entryWatchLinger - time.Since(w.idle); d > 0 {
 			if next == 0 || d < next {
 				next = d
 			}
@@ -208,7 +208,7 @@ func (b *Backend) reapEntries() {
 		b.endEntryLocked(w)
 	}
 	if next > 0 {
-		b.reaper = time.AfterFunc(next, b.reapEntries)
+		b.waits.reaper = time.AfterFunc(next, b.reapEntries)
 	}
 }
 

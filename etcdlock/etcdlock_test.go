@@ -407,19 +407,21 @@ func TestKeysAreEscaped(t *testing.T) {
 	}
 }
 
-// TestReentrantCount: nested holds share the fence and keep their count in
+// TestReentrantCount: holds of one owner through two Clients (two
+// processes sharing the owner id) share the fence and keep their count in
 // the entry's value.
 func TestReentrantCount(t *testing.T) {
 	cli := newCli(t, srv.Endpoints())
 	owner := "job-" + rand.Text()[:6]
 	c, b := newClient(t, srv.Endpoints(), dlock.WithOwner(owner))
+	c2, _ := newClient(t, srv.Endpoints(), dlock.WithOwner(owner))
 	ctx := ctxT(t, 10*time.Second)
 	key := uniqueKey(t)
 	l1, err := c.Acquire(ctx, key)
 	if err != nil {
 		t.Fatalf("Acquire: %v", err)
 	}
-	l2, err := c.Acquire(ctx, key)
+	l2, err := c2.Acquire(ctx, key)
 	if err != nil {
 		t.Fatalf("nested Acquire: %v", err)
 	}
@@ -571,8 +573,8 @@ func TestCancelWhileServerPaused(t *testing.T) {
 // a cancelled or failed call disappears.
 const cleanupSlack = 3 * time.Second
 
-// TestReentrantJoinWhileQueued: two waits of the same owner queued behind
-// another owner share one entry; both are granted when the holder
+// TestReentrantJoinWhileQueued: two waits of the same owner (through two
+// Clients sharing the owner id) queued behind another owner share one entry; both are granted when the holder
 // releases, with one fence, and the lock is free after both release.
 func TestReentrantJoinWhileQueued(t *testing.T) {
 	key := uniqueKey(t)
@@ -585,12 +587,13 @@ func TestReentrantJoinWhileQueued(t *testing.T) {
 	}
 	owner := "job-" + rand.Text()[:6]
 	c, b := newClient(t, srv.Endpoints(), dlock.WithOwner(owner))
+	c2, _ := newClient(t, srv.Endpoints(), dlock.WithOwner(owner))
 	type res struct {
 		l   *dlock.Lease
 		err error
 	}
 	got := make(chan res, 2)
-	for range 2 {
+	for _, c := range []*dlock.Client{c, c2} {
 		go func() {
 			l, err := c.Acquire(ctx, key)
 			got <- res{l, err}

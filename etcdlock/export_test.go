@@ -2,50 +2,56 @@ package etcdlock
 
 import "time"
 
-// Internals exported to the black-box tests.
+// Internals exported to the black-box tests. The setters change a
+// Backend's tuning; call them after New and before the Backend's first
+// use.
 
 // Protocol is the set of protocol switches, all on in production; the
 // hand-off benchmark turns some off to measure what they save.
 type Protocol struct {
-	WatchAhead   bool // watchAhead
-	ReuseRenewal bool // reuseRenewal
-	AnchorStream bool // anchorStream
-	ShareWatches bool // shareWatches
+	WatchAhead   bool // tuning.watchAhead
+	ReuseRenewal bool // tuning.reuseRenewal
+	AnchorStream bool // tuning.anchorStream
+	ShareWatches bool // tuning.shareWatches
 }
 
 // AllOn is the production protocol.
 var AllOn = Protocol{WatchAhead: true, ReuseRenewal: true, AnchorStream: true, ShareWatches: true}
 
-// SetProtocol sets the protocol switches and returns a function restoring
-// them. Not safe while acquisitions run.
-func SetProtocol(p Protocol) (restore func()) {
-	old := Protocol{watchAhead.Load(), reuseRenewal.Load(), anchorStream.Load(), shareWatches.Load()}
-	set := func(p Protocol) {
-		watchAhead.Store(p.WatchAhead)
-		reuseRenewal.Store(p.ReuseRenewal)
-		anchorStream.Store(p.AnchorStream)
-		shareWatches.Store(p.ShareWatches)
-	}
-	set(p)
-	return func() { set(old) }
+// SetProtocol sets b's protocol switches.
+func SetProtocol(b *Backend, p Protocol) {
+	b.tune.watchAhead, b.tune.reuseRenewal = p.WatchAhead, p.ReuseRenewal
+	b.tune.anchorStream, b.tune.shareWatches = p.AnchorStream, p.ShareWatches
 }
 
-// SetEntryWatchLinger sets how long an entry watch no waiter uses stays
-// open and returns a function restoring it.
-func SetEntryWatchLinger(d time.Duration) (restore func()) {
-	old := entryWatchLinger.Swap(int64(d))
-	return func() { entryWatchLinger.Store(old) }
+// SetEntryWatchLinger sets how long an entry watch no waiter of b uses
+// stays open.
+func SetEntryWatchLinger(b *Backend, d time.Duration) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.tune.entryWatchLinger = d
 }
 
 // PrefixWatchMin returns the number of held locks from which a Backend
-// watches its whole prefix instead of each lock.
-func PrefixWatchMin() int { return int(prefixWatchMin.Load()) }
+// watches its whole prefix instead of each lock, by default.
+func PrefixWatchMin() int { return defaultTuning().prefixWatchMin }
 
-// SetPrefixWatchMin sets that number and returns a function restoring it.
-// Not safe while locks are held.
-func SetPrefixWatchMin(n int) (restore func()) {
-	old := prefixWatchMin.Swap(int64(n))
-	return func() { prefixWatchMin.Store(old) }
+// SetPrefixWatchMin sets that number for b.
+func SetPrefixWatchMin(b *Backend, n int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.tune.prefixWatchMin = n
+}
+
+// SetLossWatchDelay sets how long after a grant a lock held through b
+// gets its own deletion watch (0: the default). Safe while b is in use.
+func SetLossWatchDelay(b *Backend, d time.Duration) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if d == 0 {
+		d = defaultTuning().lossWatchDelay
+	}
+	b.tune.lossWatchDelay = d
 }
 
 // WatchState reports whether b watches its whole prefix for deletions,
@@ -54,7 +60,7 @@ func SetPrefixWatchMin(n int) (restore func()) {
 func WatchState(b *Backend) (prefix bool, own, running int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	for _, h := range b.held {
+	for _, h := range b.holds.byName {
 		if h.own != nil {
 			own++
 			if h.own.cancel != nil {
@@ -62,7 +68,7 @@ func WatchState(b *Backend) (prefix bool, own, running int) {
 			}
 		}
 	}
-	return b.pw != nil, own, running
+	return b.holds.pw != nil, own, running
 }
 
 // EndPrefixWatch ends b's prefix watch as if the server had cancelled it
@@ -71,16 +77,9 @@ func WatchState(b *Backend) (prefix bool, own, running int) {
 func EndPrefixWatch(b *Backend) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.pw == nil {
+	if b.holds.pw == nil {
 		return false
 	}
-	b.pw.cancel()
+	b.holds.pw.cancel()
 	return true
-}
-
-// SetLossWatchDelay sets how long after a grant a held lock's own
-// deletion watch starts and returns a function restoring it.
-func SetLossWatchDelay(d time.Duration) (restore func()) {
-	old := lossWatchDelay.Swap(int64(d))
-	return func() { lossWatchDelay.Store(old) }
 }

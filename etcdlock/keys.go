@@ -77,6 +77,13 @@ func (b *Backend) entryName(key, token string) string {
 	return b.dir(key) + tokenID(token)
 }
 
+// nameSet is the Backend's entry names in use by non-reentrant requests.
+// Guarded by Backend.mu.
+type nameSet struct {
+	slots map[string]*slot // by entry name
+	wide  map[string]int   // lock keys with slots above 0: 1 + the highest slot number in use
+}
+
 // slot is an entry name of the Backend in use by a non-reentrant token,
 // with the number of the token's acquisitions in flight and holds using
 // it (more than one only when a token is used twice at once, which
@@ -102,9 +109,9 @@ func (b *Backend) appendSlotName(buf []byte, key string, i int) []byte {
 // slotLocked returns the slot of (key, token), if it has one, and its
 // name appended to buf[:0]. b.mu must be held.
 func (b *Backend) slotLocked(buf []byte, key, token string) ([]byte, *slot) {
-	for i := range max(b.wide[key], 1) {
+	for i := range max(b.names.wide[key], 1) {
 		name := b.appendSlotName(buf[:0], key, i)
-		if s := b.slots[string(name)]; s != nil && s.token == token {
+		if s := b.names.slots[string(name)]; s != nil && s.token == token {
 			return name, s
 		}
 	}
@@ -127,15 +134,15 @@ func (b *Backend) claimName(r dlock.Request) string {
 	}
 	for i := 0; ; i++ {
 		name := string(b.appendSlotName(buf[:0], r.Key, i))
-		if b.slots[name] != nil || b.held[name] != nil {
+		if b.names.slots[name] != nil || b.holds.byName[name] != nil {
 			continue
 		}
-		if _, orphaned := b.orphans[name]; orphaned {
+		if _, orphaned := b.orphans.byName[name]; orphaned {
 			continue
 		}
-		b.slots[name] = &slot{token: r.Token, refs: 1}
+		b.names.slots[name] = &slot{token: r.Token, refs: 1}
 		if i > 0 {
-			b.wide[r.Key] = max(b.wide[r.Key], i+1)
+			b.names.wide[r.Key] = max(b.names.wide[r.Key], i+1)
 		}
 		return name
 	}
@@ -157,7 +164,7 @@ func (b *Backend) unclaim(r dlock.Request, name string) {
 // unused; an entry that may remain under it keeps it taken as an orphan.
 // b.mu must be held.
 func (b *Backend) unclaimLocked(key, token, name string) {
-	s := b.slots[name]
+	s := b.names.slots[name]
 	if s == nil || s.token != token {
 		return
 	}
@@ -169,19 +176,19 @@ func (b *Backend) unclaimLocked(key, token, name string) {
 // freeSlotLocked deletes the slot name of the lock key. b.mu must be
 // held.
 func (b *Backend) freeSlotLocked(key, name string) {
-	delete(b.slots, name)
-	n := b.wide[key]
+	delete(b.names.slots, name)
+	n := b.names.wide[key]
 	if n == 0 {
 		return
 	}
 	var buf [128]byte
-	for n > 1 && b.slots[string(b.appendSlotName(buf[:0], key, n-1))] == nil {
+	for n > 1 && b.names.slots[string(b.appendSlotName(buf[:0], key, n-1))] == nil {
 		n--
 	}
 	if n <= 1 {
-		delete(b.wide, key)
+		delete(b.names.wide, key)
 	} else {
-		b.wide[key] = n
+		b.names.wide[key] = n
 	}
 }
 
@@ -208,29 +215,23 @@ func (b *Backend) nameOfLocked(key, token string) string {
 func (b *Backend) heldLocked(key, token string) *held {
 	var buf [128]byte
 	if name, s := b.slotLocked(buf[:0], key, token); s != nil {
-		return b.held[string(name)]
+		return b.holds.byName[string(name)]
 	}
-	return b.held[b.entryName(key, token)]
+	return b.holds.byName[b.entryName(key, token)]
 }
 
-// LockKey returns the etcd key that holds (or queues) the lock key for the
-// owner token, a lease's Key and Owner, while the lease is held through b
-// (or a reentrant one through any Backend); its create revision is the
-// lease's fence. For inspection tools and for building guards by hand;
-// Guard is the usual way to use it.
+// LockKey returns the etcd key of the lock key's entry for owner (a
+// lease's Key and Owner) while held through b, or for an owner's entry
+// through any Backend; its create revision is the lease's fence.
 func (b *Backend) LockKey(key, owner string) string {
 	return b.nameOf(key, owner)
 }
 
-// Guard returns a comparison for the caller's own etcd transactions that
-// succeeds only while l is still held: the lock's entry exists with create
-// revision l.Fence(). Put it in the If of a Txn on the same etcd cluster,
+// Guard returns a comparison for the caller's own transactions on the
+// same etcd cluster that holds only while l is held: the lock's entry
+// exists with create revision l.Fence(). A nil lease never matches.
 //
 //	txn := cli.Txn(ctx).If(b.Guard(lease)).Then(clientv3.OpPut("stock", "41"))
-//
-// and the write is applied only if no other owner can hold the lock at
-// that revision, even when the lease was lost a moment before. A nil lease
-// yields a comparison that never succeeds.
 func (b *Backend) Guard(l *dlock.Lease) clientv3.Cmp {
 	if l == nil {
 		// Create revisions are never negative: this never holds.

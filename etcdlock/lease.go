@@ -12,16 +12,27 @@ import (
 	"github.com/dlock-go/dlock"
 )
 
-// leaseState is one etcd lease of the Backend. All locks (and queue
-// entries) whose TTL rounds to the same number of seconds share it.
+// leaseSet is the Backend's own etcd leases. Guarded by Backend.mu.
+type leaseSet struct {
+	shared map[int64]*leaseState // live shared leases by TTL in seconds
+	spare  map[int64]*leaseState // private leases carrying nothing, by TTL in seconds
+}
+
+// leaseState is one etcd lease. A shared lease of the Backend carries
+// all its non-reentrant locks (and queue entries) whose TTL rounds to the
+// same number of seconds; a private lease carries one reentrant owner's
+// entry; a foreign lease is another Backend's private lease, found under
+// an entry a reentrant owner joined.
 type leaseState struct {
-	sec   int64         // TTL asked for, in seconds
-	ready chan struct{} // closed once id or err is set
-	id    clientv3.LeaseID
-	err   error // the grant failed
+	sec     int64         // TTL asked for, in seconds (foreign: as granted, once known)
+	ready   chan struct{} // closed once id or err is set
+	id      clientv3.LeaseID
+	err     error // the grant failed
+	private bool  // granted for one reentrant owner's entry
 
 	// Guarded by Backend.mu.
 	validUntil time.Time // send time of the last successful grant/keep-alive + granted TTL
+	granted    int64     // TTL the server granted, in seconds (0: unknown)
 	dead       error     // set once the lease is known or presumed gone
 	foreign    bool      // granted by another Backend (entry joined by a reentrant owner)
 }
@@ -40,6 +51,9 @@ func isLeaseNotFound(err error) bool {
 	return err != nil && (errors.Is(err, rpctypes.ErrLeaseNotFound) ||
 		rpctypes.ErrorDesc(err) == rpctypes.ErrorDesc(rpctypes.ErrGRPCLeaseNotFound))
 }
+
+// MinTTL implements dlock.TTLFloor: it returns the package's MinTTL.
+func (b *Backend) MinTTL() time.Duration { return MinTTL }
 
 // ttlSeconds converts a lock TTL to a lease TTL: whole seconds, rounded up.
 func ttlSeconds(ttl time.Duration) (int64, error) {
@@ -63,7 +77,7 @@ func (b *Backend) lease(ctx context.Context, sec int64) (*leaseState, error) {
 			b.mu.Unlock()
 			return nil, errClosed
 		}
-		ls := b.leases[sec]
+		ls := b.leases.shared[sec]
 		if ls != nil && ls.isReady() && ls.err == nil && !time.Now().Before(ls.validUntil) {
 			lost := b.retireLocked(ls, fmt.Errorf("etcdlock: lease %x was not renewed within its TTL of %ds: %w", int64(ls.id), ls.sec, dlock.ErrNotHeld))
 			b.mu.Unlock()
@@ -72,7 +86,7 @@ func (b *Backend) lease(ctx context.Context, sec int64) (*leaseState, error) {
 		}
 		if ls == nil {
 			ls = &leaseState{sec: sec, ready: make(chan struct{})}
-			b.leases[sec] = ls
+			b.leases.shared[sec] = ls
 			b.mu.Unlock()
 			return ls, b.grant(ctx, ls)
 		}
@@ -96,6 +110,56 @@ func (b *Backend) lease(ctx context.Context, sec int64) (*leaseState, error) {
 	}
 }
 
+// privateLease returns a lease of sec seconds for one reentrant owner's
+// entry: the Backend's spare one if it has one valid for at least half its
+// TTL, else a new one.
+func (b *Backend) privateLease(ctx context.Context, sec int64) (*leaseState, error) {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return nil, errClosed
+	}
+	ls := b.leases.spare[sec]
+	delete(b.leases.spare, sec)
+	if ls != nil && ls.dead == nil && time.Until(ls.validUntil) > time.Duration(ls.granted)*time.Second/2 {
+		b.mu.Unlock()
+		return ls, nil
+	}
+	b.mu.Unlock()
+	ls = &leaseState{sec: sec, ready: make(chan struct{}), private: true}
+	return ls, b.grant(ctx, ls)
+}
+
+// putSpare keeps ls, a private lease known to carry no entry, for the
+// next reentrant acquisition of its TTL (at most one per TTL; others
+// expire unused).
+func (b *Backend) putSpare(ls *leaseState) {
+	if ls == nil || !ls.private {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if ls.dead == nil && !b.closed && b.leases.spare[ls.sec] == nil {
+		b.leases.spare[ls.sec] = ls
+	}
+}
+
+// longEnough reports whether ls is known to be granted for at least ttl.
+func (b *Backend) longEnough(ls *leaseState, ttl time.Duration) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return time.Duration(ls.granted)*time.Second >= ttl
+}
+
+// leaseOf returns the lease for a new entry of r: the shared lease of its
+// TTL, or a private one for a reentrant request.
+func (b *Backend) leaseOf(ctx context.Context, r dlock.Request, sec int64) (*leaseState, error) {
+	if r.Reentrant {
+		return b.privateLease(ctx, sec)
+	}
+	return b.lease(ctx, sec)
+}
+
 // grant asks etcd for the lease ls and publishes the result.
 func (b *Backend) grant(ctx context.Context, ls *leaseState) error {
 	send := time.Now()
@@ -105,12 +169,13 @@ func (b *Backend) grant(ctx context.Context, ls *leaseState) error {
 	defer close(ls.ready)
 	if err != nil {
 		ls.err = fmt.Errorf("etcdlock: grant lease of %ds: %w", ls.sec, err)
-		if b.leases[ls.sec] == ls {
-			delete(b.leases, ls.sec)
+		if b.leases.shared[ls.sec] == ls {
+			delete(b.leases.shared, ls.sec)
 		}
 		return ls.err
 	}
 	ls.id = resp.ID
+	ls.granted = resp.TTL
 	ls.validUntil = send.Add(time.Duration(resp.TTL) * time.Second)
 	if b.closed {
 		// Close ran meanwhile and did not see this lease: it expires by
@@ -147,6 +212,7 @@ func (b *Backend) keepAlive(ctx context.Context, ls *leaseState) error {
 	if ls.dead != nil {
 		return ls.dead
 	}
+	ls.granted = resp.TTL
 	if ls.foreign {
 		ls.sec = resp.TTL
 	}
@@ -218,11 +284,11 @@ func (b *Backend) retireLocked(ls *leaseState, cause error) lossList {
 		return nil
 	}
 	ls.dead = cause
-	if b.leases[ls.sec] == ls {
-		delete(b.leases, ls.sec)
+	if b.leases.shared[ls.sec] == ls {
+		delete(b.leases.shared, ls.sec)
 	}
 	var lost lossList
-	for _, h := range b.held {
+	for _, h := range b.holds.byName {
 		if h.lease == ls {
 			lost = append(lost, b.markLostLocked(h, cause)...)
 		}
@@ -236,12 +302,12 @@ func (b *Backend) retireLocked(ls *leaseState, cause error) lossList {
 func (b *Backend) leaseFor(id clientv3.LeaseID) *leaseState {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	for _, ls := range b.leases {
+	for _, ls := range b.leases.shared {
 		if ls.isReady() && ls.err == nil && ls.id == id {
 			return ls
 		}
 	}
-	for _, h := range b.held {
+	for _, h := range b.holds.byName {
 		if h.lease.id == id {
 			return h.lease
 		}
@@ -259,7 +325,7 @@ func (b *Backend) leaseFor(id clientv3.LeaseID) *leaseState {
 // earlier than asked. ok is false when the renewal is older, the lease is
 // not valid for ttl from it, or reuseRenewal is off.
 func (b *Backend) renewedAt(ls *leaseState, ttl time.Duration) (sent time.Time, ok bool) {
-	if !reuseRenewal.Load() {
+	if !b.tune.reuseRenewal {
 		return time.Time{}, false
 	}
 	b.mu.Lock()

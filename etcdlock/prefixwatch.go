@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -48,12 +47,6 @@ import (
 // watch then starts after the first read's revision. Holds granted during
 // the reads get their own watches.
 
-// prefixWatchMin is the number of held locks from which a Backend
-// watches its prefix instead of each lock (a variable for the tests).
-var prefixWatchMin atomic.Int64
-
-func init() { prefixWatchMin.Store(64) }
-
 // maxTxnOps is etcd's default limit of operations in one transaction.
 const maxTxnOps = 128
 
@@ -71,7 +64,7 @@ type prefixWatch struct {
 // coveredLocked reports whether h needs no watch of its own: the prefix watch
 // reports every deletion from h.from on. b.mu must be held.
 func (b *Backend) coveredLocked(h *held) bool {
-	return b.pw != nil && h.from >= b.pw.from
+	return b.holds.pw != nil && h.from >= b.holds.pw.from
 }
 
 // prefixUpLocked switches to the prefix watch if enough locks are held.
@@ -83,11 +76,11 @@ func (b *Backend) coveredLocked(h *held) bool {
 // grant of a lock held for days every other client's deletions since
 // then. b.mu must be held.
 func (b *Backend) prefixUpLocked() {
-	if b.pw != nil || b.closed || int64(len(b.held)) < prefixWatchMin.Load() {
+	if b.holds.pw != nil || b.closed || len(b.holds.byName) < b.tune.prefixWatchMin {
 		return
 	}
 	from := int64(math.MaxInt64)
-	for _, h := range b.held {
+	for _, h := range b.holds.byName {
 		if h.lost == nil && (h.own == nil || h.own.cancel == nil) {
 			from = min(from, h.from)
 		}
@@ -96,7 +89,7 @@ func (b *Backend) prefixUpLocked() {
 		return
 	}
 	b.startPrefixLocked(from)
-	for _, h := range b.held {
+	for _, h := range b.holds.byName {
 		if b.coveredLocked(h) {
 			b.stopWatchLocked(h)
 		}
@@ -108,7 +101,7 @@ func (b *Backend) prefixUpLocked() {
 func (b *Backend) startPrefixLocked(from int64) {
 	ctx, cancel := context.WithCancel(b.ctx)
 	pw := &prefixWatch{cancel: cancel, from: from, next: from}
-	b.pw = pw
+	b.holds.pw = pw
 	b.wg.Add(1)
 	go b.prefixLoop(ctx, pw)
 }
@@ -116,13 +109,13 @@ func (b *Backend) startPrefixLocked(from int64) {
 // prefixDownLocked switches back to per-lock watches if few locks are
 // held. b.mu must be held.
 func (b *Backend) prefixDownLocked() {
-	if b.pw == nil || int64(len(b.held)) >= prefixWatchMin.Load()/4 {
+	if b.holds.pw == nil || len(b.holds.byName) >= b.tune.prefixWatchMin/4 {
 		return
 	}
-	pw := b.pw
-	b.pw = nil
+	pw := b.holds.pw
+	b.holds.pw = nil
 	pw.cancel()
-	for _, h := range b.held {
+	for _, h := range b.holds.byName {
 		if h.lost == nil && h.own == nil {
 			// The deletions before pw.next were handled.
 			b.watchLaterLocked(h, max(h.from, pw.next), 0)
@@ -143,7 +136,7 @@ func (b *Backend) prefixLoop(ctx context.Context, pw *prefixWatch) {
 	}
 	pw.cancel()
 	b.mu.Lock()
-	ended := b.pw == pw && !b.closed
+	ended := b.holds.pw == pw && !b.closed
 	if ended {
 		pw.from = math.MaxInt64 // holds granted from now on watch themselves
 	}
@@ -162,14 +155,14 @@ func (b *Backend) onPrefix(pw *prefixWatch, resp clientv3.WatchResponse) {
 		if ev.Type != mvccpb.DELETE {
 			continue
 		}
-		h := b.held[string(ev.Kv.Key)]
+		h := b.holds.byName[string(ev.Kv.Key)]
 		if h == nil || h.releasing || ev.Kv.ModRevision < h.from {
 			continue // not ours, our own release, or an older incarnation
 		}
 		lost = append(lost, b.markLostLocked(h, fmt.Errorf("etcdlock: lock %q: key %s deleted at revision %d (lease expired or revoked, or key deleted): %w",
 			h.key, h.name, ev.Kv.ModRevision, dlock.ErrNotHeld))...)
 	}
-	if b.pw == pw {
+	if b.holds.pw == pw {
 		if n := len(resp.Events); n > 0 {
 			pw.next = max(pw.next, resp.Events[n-1].Kv.ModRevision+1)
 		} else if !resp.Created && resp.Header.Revision > 0 {
@@ -187,8 +180,8 @@ func (b *Backend) onPrefix(pw *prefixWatch, resp clientv3.WatchResponse) {
 // Backend is open; if the etcd client was closed, every lock is lost.
 func (b *Backend) reread(pw *prefixWatch) {
 	b.mu.Lock()
-	hs := make([]*held, 0, len(b.held))
-	for _, h := range b.held {
+	hs := make([]*held, 0, len(b.holds.byName))
+	for _, h := range b.holds.byName {
 		if h.lost == nil {
 			hs = append(hs, h)
 		}
@@ -212,7 +205,7 @@ func (b *Backend) reread(pw *prefixWatch) {
 				// The etcd client was closed: nothing can be renewed.
 				b.mu.Lock()
 				var lost lossList
-				for _, h := range b.held {
+				for _, h := range b.holds.byName {
 					lost = append(lost, b.markLostLocked(h, fmt.Errorf("etcdlock: lock %q: etcd client closed: %w", h.key, dlock.ErrNotHeld))...)
 				}
 				b.mu.Unlock()
@@ -233,7 +226,7 @@ func (b *Backend) reread(pw *prefixWatch) {
 		b.mu.Lock()
 		for i, h := range chunk {
 			kvs := resp.Responses[i].GetResponseRange().Kvs
-			if b.held[h.name] == h && !h.releasing && (len(kvs) == 0 || kvs[0].CreateRevision != h.fence) {
+			if b.holds.byName[h.name] == h && !h.releasing && (len(kvs) == 0 || kvs[0].CreateRevision != h.fence) {
 				lost = append(lost, b.markLostLocked(h, fmt.Errorf("etcdlock: lock %q: key %s is gone: %w", h.key, h.name, dlock.ErrNotHeld))...)
 			}
 		}
@@ -243,12 +236,12 @@ func (b *Backend) reread(pw *prefixWatch) {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.pw != pw || b.closed {
+	if b.holds.pw != pw || b.closed {
 		return // switched back (each lock has its watch) or closed
 	}
 	if first == 0 {
 		// Nothing was held: no watch until enough locks are held again.
-		b.pw = nil
+		b.holds.pw = nil
 		b.prefixUpLocked()
 		return
 	}

@@ -96,8 +96,8 @@ func deleteKey(t *testing.T, b *etcdlock.Backend, l *dlock.Lease) {
 // a plain etcd client) is reported lost, and only that one. Renewal alone
 // would never find it: the shared etcd lease stays alive.
 func TestPrefixWatchReportsDeletedKey(t *testing.T) {
-	t.Cleanup(etcdlock.SetLossWatchDelay(time.Hour))
 	c, b := newClient(t, srv.Endpoints())
+	etcdlock.SetLossWatchDelay(b, time.Hour)
 	n := etcdlock.PrefixWatchMin() + 16
 	leases := holdMany(t, c, n)
 	waitFor(t, 5*time.Second, "the prefix watch, and no watch per lock", func() bool {
@@ -117,8 +117,8 @@ func TestPrefixWatchReportsDeletedKey(t *testing.T) {
 // lock's revision (no lock's own watch has started: the delay is long
 // here), so it replays those deletions after the new incarnation is held.
 func TestPrefixWatchIgnoresOthersAndOwnReleases(t *testing.T) {
-	t.Cleanup(etcdlock.SetLossWatchDelay(time.Hour))
 	c, b := newClient(t, srv.Endpoints())
+	etcdlock.SetLossWatchDelay(b, time.Hour)
 	other, _ := newClient(t, srv.Endpoints())
 	ctx := ctxT(t, 20*time.Second)
 	key := uniqueKey(t)
@@ -184,9 +184,9 @@ func TestPrefixWatchKeepsRunningOwnWatches(t *testing.T) {
 		_, _, running := etcdlock.WatchState(b)
 		return running == 1
 	})
-	restore := etcdlock.SetLossWatchDelay(time.Hour)
+	etcdlock.SetLossWatchDelay(b, time.Hour)
 	leases := holdMany(t, c, etcdlock.PrefixWatchMin())
-	restore()
+	etcdlock.SetLossWatchDelay(b, 0)
 	if prefix, own, running := etcdlock.WatchState(b); !prefix || own != 1 || running != 1 {
 		t.Fatalf("got prefix watch %v, %d own watches (%d running); want true, 1 (1)", prefix, own, running)
 	}
@@ -253,9 +253,9 @@ func TestPrefixWatchRestarted(t *testing.T) {
 // TestManyHeldGoroutines: holding many locks costs no goroutine per lock
 // (a watch per lock costs one in the etcd client).
 func TestManyHeldGoroutines(t *testing.T) {
-	t.Cleanup(etcdlock.SetLossWatchDelay(time.Hour)) // no lock's own watch starts before the prefix watch
 	c, b := newClient(t, srv.Endpoints())
-	holdMany(t, c, 1) // connections, lease
+	etcdlock.SetLossWatchDelay(b, time.Hour) // no lock's own watch starts before the prefix watch
+	holdMany(t, c, 1)                        // connections, lease
 	runtime.GC()
 	before := runtime.NumGoroutine()
 	n := 4 * etcdlock.PrefixWatchMin()

@@ -126,14 +126,15 @@ func newCountedCli(t testing.TB) (*callCounter, *clientv3.Client) {
 }
 
 // newCountedClient returns a dlock.Client (TTL 10s) on an etcdlock Backend
-// over a newCountedCli connection, closed when the test ends, and the
-// counter of that connection's calls.
-func newCountedClient(t testing.TB) (*callCounter, *dlock.Client) {
+// over a newCountedCli connection, closed when the test ends, the counter
+// of that connection's calls and the Backend.
+func newCountedClient(t testing.TB) (*callCounter, *dlock.Client, *etcdlock.Backend) {
 	t.Helper()
 	counter, cli := newCountedCli(t)
-	c := dlock.New(etcdlock.New(cli), dlock.WithTTL(10*time.Second))
+	b := etcdlock.New(cli)
+	c := dlock.New(b, dlock.WithTTL(10*time.Second))
 	t.Cleanup(func() { c.Close() })
-	return counter, c
+	return counter, c, b
 }
 
 func (c *callCounter) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
@@ -211,7 +212,7 @@ func TestThirdInLineGrantedWithoutRead(t *testing.T) {
 	}()
 	waitFor(t, 10*time.Second, "first waiter queued", func() bool { return entries(t, cli, key) == 2 })
 
-	counter, c2 := newCountedClient(t)
+	counter, c2, _ := newCountedClient(t)
 	type result struct {
 		l     *dlock.Lease
 		calls map[string]int // calls from the first waiter's release on
@@ -260,12 +261,12 @@ func TestThirdInLineGrantedWithoutRead(t *testing.T) {
 // stream open stays.
 func TestWaitReusesEntryWatches(t *testing.T) {
 	const rangeCall = "/etcdserverpb.KV/Range"
-	restore := etcdlock.SetEntryWatchLinger(time.Minute)
-	t.Cleanup(restore)
 	key := uniqueKey(t)
 	cli := newCli(t, srv.Endpoints())
-	hc, _ := newClient(t, srv.Endpoints())
-	counter, wc := newCountedClient(t)
+	hc, hb := newClient(t, srv.Endpoints())
+	etcdlock.SetEntryWatchLinger(hb, time.Minute)
+	counter, wc, wb := newCountedClient(t)
+	etcdlock.SetEntryWatchLinger(wb, time.Minute)
 	ctx := ctxT(t, time.Minute)
 	for round := range 2 {
 		holder, err := hc.Acquire(ctx, key)
@@ -358,12 +359,12 @@ func TestWaitReusesEntryWatches(t *testing.T) {
 // waited behind is cancelled once no wait has needed it for the linger
 // time.
 func TestIdleEntryWatchExpires(t *testing.T) {
-	restore := etcdlock.SetEntryWatchLinger(50 * time.Millisecond)
-	t.Cleanup(restore)
 	key := uniqueKey(t)
 	cli := newCli(t, srv.Endpoints())
-	hc, _ := newClient(t, srv.Endpoints())
-	counter, wc := newCountedClient(t)
+	hc, hb := newClient(t, srv.Endpoints())
+	etcdlock.SetEntryWatchLinger(hb, 50*time.Millisecond)
+	counter, wc, wb := newCountedClient(t)
+	etcdlock.SetEntryWatchLinger(wb, 50*time.Millisecond)
 	ctx := ctxT(t, time.Minute)
 	holder, err := hc.Acquire(ctx, key)
 	if err != nil {

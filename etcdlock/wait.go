@@ -13,25 +13,11 @@ import (
 	"github.com/dlock-go/dlock"
 )
 
-// Wait implements dlock.Waiter. etcd's only waiting mode is its queue, so
-// r.FIFO is ignored: waiters are always served in the order their entries
-// were created (by create revision).
-//
-// Wait creates the owner's entry with the Backend's lease and, in the same
-// transaction, reads the two entries created just before it. Until the
-// entry heads the queue it watches its predecessor for deletion, and the
-// entry before that one too (see awaitDelete: a deletion wakes at most
-// two waiters, and a hand-off usually needs no read). While waiting it
-// renews its lease every third of the TTL itself (the Client renews only
-// granted locks). If the entry disappears meanwhile (its lease expired
-// during a server outage), Wait queues again at the end.
-//
-// When ctx ends, Wait removes its entry with a fresh context and returns
-// ctx.Err(). If the server does not confirm the removal within 1 s, Wait
-// returns anyway and the Backend keeps trying in the background (the
-// entry also expires with its lease, which nobody renews for it). Other
-// errors are returned after the same cleanup. A reentrant owner that already holds the lock re-enters at
-// once; one that is already queued joins its entry.
+// Wait implements dlock.Waiter: it queues the owner's entry and returns
+// the grant once the entry heads the queue (r.FIFO is ignored: etcd
+// always serves in creation order). When ctx ends it removes the entry
+// with a fresh context and returns ctx.Err(). See the package
+// documentation, Waiting.
 func (b *Backend) Wait(ctx context.Context, r dlock.Request) (dlock.Grant, error) {
 	start := time.Now()
 	sec, err := b.check(r)
@@ -47,7 +33,7 @@ func (b *Backend) Wait(ctx context.Context, r dlock.Request) (dlock.Grant, error
 		case w.claimed:
 			b.abandon(ctx, r.Key, w.name, w.rev, r.Reentrant)
 		case w.unknown != nil:
-			b.dropCreated(ctx, w.name, w.unknown.id, r.Token)
+			b.dropCreated(ctx, w.name, w.unknown, r.Token, w.floor)
 		}
 		b.unclaim(r, w.name)
 		if ctx.Err() != nil {
@@ -69,6 +55,7 @@ type waiter struct {
 
 	claimed bool        // the entry holds a claim of ours (created or joined)
 	unknown *leaseState // the last create had an unknown outcome, with this lease
+	floor   int64       // ... and created nothing at or below this revision
 	rev     int64       // the entry's create revision
 	ls      *leaseState // the entry's lease
 }
@@ -119,8 +106,8 @@ func (w *waiter) run(ctx context.Context) (dlock.Grant, error) {
 			if err == nil {
 				return g, nil
 			}
-			if b.dead(w.ls) {
-				continue // the entry went with its lease: the next check re-queues
+			if b.dead(w.ls) || errors.Is(err, dlock.ErrNotHeld) {
+				continue // the entry went (with its lease): the next check re-queues
 			}
 			return dlock.Grant{}, err
 		}
@@ -155,6 +142,14 @@ func (w *waiter) run(ctx context.Context) (dlock.Grant, error) {
 // the lease is gone, the entry went with it and the caller reads again).
 func (w *waiter) grant(ctx context.Context, p position) (dlock.Grant, error) {
 	b := w.b
+	if w.r.Reentrant && (w.ls.foreign || !b.longEnough(w.ls, w.r.TTL)) {
+		// A joined entry: make it live long enough for this hold too.
+		ls, err := b.fitEntry(ctx, w.r, w.name, w.rev, w.sec, w.start)
+		if err != nil {
+			return dlock.Grant{}, err
+		}
+		w.ls = ls
+	}
 	since, ok := b.renewedAt(w.ls, w.r.TTL)
 	if !ok {
 		if err := b.ensureFresh(ctx, w.ls, w.start, w.r.TTL); err != nil {
@@ -176,10 +171,11 @@ var errRetryLease = errors.New("etcdlock: lease expired or was revoked while que
 // and returns its position.
 func (w *waiter) enqueue(ctx context.Context) (position, error) {
 	b := w.b
-	ls, err := b.lease(ctx, w.sec)
+	ls, err := b.leaseOf(ctx, w.r, w.sec)
 	if err != nil {
 		return position{}, err
 	}
+	floor := b.heldFence(w.name)
 	wait := func() error { return nil }
 	if _, ok := b.renewedAt(ls, w.r.TTL); !ok {
 		wait = b.startFresh(ctx, ls, w.start, w.r.TTL)
@@ -197,8 +193,8 @@ func (w *waiter) enqueue(ctx context.Context) (position, error) {
 		return position{}, errRetryLease
 	}
 	if err != nil {
-		w.unknown = ls // the reply was lost: the entry may exist
-		return position{}, fmt.Errorf("etcdlock: acquire %q: %w", w.r.Key, err)
+		w.unknown, w.floor = ls, floor // the reply was lost: the entry may exist
+		return position{}, fmt.Errorf("etcdlock: acquire %q: %w", w.r.Key, rpcErr(ctx, err))
 	}
 	w.unknown = nil
 	if resp.Succeeded {
@@ -214,6 +210,7 @@ func (w *waiter) enqueue(ctx context.Context) (position, error) {
 		p.ahead(resp.Responses[1].GetResponseRange(), 1)
 		return p, nil
 	}
+	b.putSpare(ls) // nothing was attached to it
 	own := resp.Responses[0].GetResponseRange().Kvs
 	if len(own) == 0 {
 		return position{recheck: true}, nil // deleted in between
@@ -282,7 +279,7 @@ func (w *waiter) check(ctx context.Context, seen int64) (position, error) {
 		resp, err = read()
 	}
 	if err != nil {
-		return position{}, fmt.Errorf("etcdlock: acquire %q: %w", w.r.Key, err)
+		return position{}, fmt.Errorf("etcdlock: acquire %q: %w", w.r.Key, rpcErr(ctx, err))
 	}
 	if len(resp.Kvs) == 0 || string(resp.Kvs[0].Key) != w.name || resp.Kvs[0].CreateRevision != w.rev {
 		w.claimed = false
@@ -302,7 +299,7 @@ func (w *waiter) check(ctx context.Context, seen int64) (position, error) {
 // predecessor, and for a non-reentrant waiter also the entry before it,
 // whose deletion it watches too (see awaitDelete).
 func (w *waiter) queueRead() int64 {
-	if w.r.Reentrant || !watchAhead.Load() {
+	if w.r.Reentrant || !w.b.tune.watchAhead {
 		return 1
 	}
 	return 2
@@ -353,7 +350,7 @@ func (w *waiter) awaitDelete(ctx context.Context, p *position) (deletedAt int64,
 	pred := b.watchEntry(p.pred, p.readRev, true)
 	defer pred.release(b)
 	var pp *entryUse
-	if p.pp != nil && !w.r.Reentrant && watchAhead.Load() {
+	if p.pp != nil && !w.r.Reentrant && b.tune.watchAhead {
 		pp = b.watchEntry(p.pp, p.readRev, false)
 	}
 	defer func() { pp.release(b) }()
@@ -437,10 +434,10 @@ func (w *waiter) errAcquire(err error) error {
 func (b *Backend) anchor() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.anchored || b.closed || !anchorStream.Load() {
+	if b.waits.anchored || b.closed || !b.tune.anchorStream {
 		return
 	}
-	b.anchored = true
+	b.waits.anchored = true
 	b.wg.Add(1)
 	go b.anchorLoop()
 }

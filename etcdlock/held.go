@@ -13,6 +13,16 @@ import (
 	"github.com/dlock-go/dlock"
 )
 
+// holdSet is the entries granted through the Backend and their deletion
+// watches. Guarded by Backend.mu.
+type holdSet struct {
+	byName   map[string]*held   // granted entries by etcd key
+	watching map[*held]struct{} // held entries with a deletion watch of their own
+	pw       *prefixWatch       // the deletion watch over the prefix, with many held (prefixwatch.go)
+	kick     chan struct{}      // wakes lossLoop to select over watching again
+	looping  bool               // lossLoop runs
+}
+
 // held is a lock entry granted through this Backend (one per etcd key; a
 // reentrant owner's nested holds share it).
 type held struct {
@@ -20,15 +30,15 @@ type held struct {
 	key   string
 	token string
 	fence int64
-	lease *leaseState
 
 	// Guarded by Backend.mu. Kept small: a Backend may hold 100,000
 	// locks (128 bytes each).
-	claims    int32 // holds granted here and not yet released
-	count     int32 // the count last read or written in the entry's value
-	releasing bool  // a Release that may delete the entry is in flight
-	mod       int64 // the entry's mod revision at that read or write
-	lost      error // set once the entry is known gone
+	lease     *leaseState // the lease the entry is on (an owner's entry may move to a longer one)
+	claims    int32       // holds granted here and not yet released
+	count     int32       // the count last read or written in the entry's value
+	releasing bool        // a Release that may delete the entry is in flight
+	mod       int64       // the entry's mod revision at that read or write
+	lost      error       // set once the entry is known gone
 	// from: a deletion of the entry at this revision or later ends the
 	// hold (the entry was seen to exist at from-1 or later).
 	from int64
@@ -86,22 +96,23 @@ func (b *Backend) addHold(name, key, token string, fence int64, ls *leaseState, 
 		b.mu.Unlock()
 		lost.fire()
 	}()
-	h := b.held[name]
+	h := b.holds.byName[name]
 	if h != nil && h.fence != fence {
 		// An earlier incarnation of the same owner's entry: it is gone.
 		lost = b.markLostLocked(h, fmt.Errorf("etcdlock: lock %q was deleted and taken again: %w", key, dlock.ErrNotHeld))
-		delete(b.held, name)
+		delete(b.holds.byName, name)
 		h = nil
 	}
 	if h == nil {
 		h = &held{name: name, key: key, token: token, fence: fence, lease: ls, from: from}
-		b.held[name] = h
+		b.holds.byName[name] = h
 		if !b.coveredLocked(h) {
-			b.watchLaterLocked(h, from, time.Duration(lossWatchDelay.Load()))
+			b.watchLaterLocked(h, from, b.tune.lossWatchDelay)
 		}
 		b.prefixUpLocked()
 	}
 	h.claims++
+	h.lease = ls // an owner's entry may have moved to a longer lease
 	if mod >= h.mod {
 		h.setCount(count, mod)
 	}
@@ -124,7 +135,7 @@ func (b *Backend) watchLaterLocked(h *held, from int64, delay time.Duration) {
 	h.own = o
 	o.timer = time.AfterFunc(delay, func() {
 		b.mu.Lock()
-		if b.held[h.name] != h || h.lost != nil || h.own != o || o.timer == nil || b.closed {
+		if b.holds.byName[h.name] != h || h.lost != nil || h.own != o || o.timer == nil || b.closed {
 			b.mu.Unlock()
 			return
 		}
@@ -140,7 +151,7 @@ func (b *Backend) watchLaterLocked(h *held, from int64, delay time.Duration) {
 // per-lock watches if few locks remain held. b.mu must be held.
 func (b *Backend) dropHoldLocked(h *held) {
 	b.stopWatchLocked(h)
-	delete(b.held, h.name)
+	delete(b.holds.byName, h.name)
 	b.unclaimLocked(h.key, h.token, h.name)
 	b.prefixDownLocked()
 }
@@ -151,7 +162,7 @@ func (b *Backend) dropHoldLocked(h *held) {
 func (b *Backend) startWatch(h *held, from int64) {
 	b.mu.Lock()
 	o := h.own
-	if b.closed || b.held[h.name] != h || h.lost != nil || (o != nil && (o.cancel != nil || o.timer != nil)) || b.coveredLocked(h) {
+	if b.closed || b.holds.byName[h.name] != h || h.lost != nil || (o != nil && (o.cancel != nil || o.timer != nil)) || b.coveredLocked(h) {
 		b.mu.Unlock()
 		return
 	}
@@ -169,14 +180,14 @@ func (b *Backend) startWatch(h *held, from int64) {
 		return // stopped meanwhile (released, lost or closed)
 	}
 	o.ch = wch
-	b.watching[h] = struct{}{}
-	if !b.looping {
-		b.looping = true
+	b.holds.watching[h] = struct{}{}
+	if !b.holds.looping {
+		b.holds.looping = true
 		b.wg.Add(1)
 		go b.lossLoop()
 	}
 	select {
-	case b.kick <- struct{}{}:
+	case b.holds.kick <- struct{}{}:
 	default:
 	}
 }
@@ -193,9 +204,9 @@ func (b *Backend) stopWatchLocked(h *held) {
 	}
 	if o.cancel != nil {
 		o.cancel()
-		delete(b.watching, h)
+		delete(b.holds.watching, h)
 		select {
-		case b.kick <- struct{}{}:
+		case b.holds.kick <- struct{}{}:
 		default:
 		}
 	}
@@ -240,8 +251,8 @@ func (b *Backend) lossLoop() {
 		hs = hs[:0]
 		cases = append(cases[:0],
 			reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(b.ctx.Done())},
-			reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(b.kick)})
-		for h := range b.watching { // map order: a different subset each round
+			reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(b.holds.kick)})
+		for h := range b.holds.watching { // map order: a different subset each round
 			if len(hs) == maxSelectWatches {
 				break
 			}
@@ -264,8 +275,8 @@ func (b *Backend) lossLoop() {
 			if o := h.own; o != nil && o.ch == cases[i].Chan.Interface().(clientv3.WatchChan) {
 				o.cancel()
 				h.own = nil
-				delete(b.watching, h)
-				if b.held[h.name] == h && h.lost == nil && !b.closed {
+				delete(b.holds.watching, h)
+				if b.holds.byName[h.name] == h && h.lost == nil && !b.closed {
 					b.recheck(h)
 				}
 			}
@@ -287,7 +298,7 @@ func (b *Backend) onWatch(h *held, ch clientv3.WatchChan, resp clientv3.WatchRes
 		}
 	}
 	b.mu.Lock()
-	if h.own == nil || h.own.ch != ch || b.held[h.name] != h {
+	if h.own == nil || h.own.ch != ch || b.holds.byName[h.name] != h {
 		b.mu.Unlock()
 		return
 	}
@@ -326,7 +337,7 @@ func (b *Backend) recheck(h *held) {
 					// The etcd client was closed: nothing can be renewed.
 					b.mu.Lock()
 					var lost lossList
-					if b.held[h.name] == h {
+					if b.holds.byName[h.name] == h {
 						lost = b.markLostLocked(h, fmt.Errorf("etcdlock: lock %q: etcd client closed: %w", h.key, dlock.ErrNotHeld))
 					}
 					b.mu.Unlock()
@@ -342,7 +353,7 @@ func (b *Backend) recheck(h *held) {
 			b.mu.Lock()
 			var lost lossList
 			again := false
-			if b.held[h.name] == h && h.lost == nil && h.own == nil {
+			if b.holds.byName[h.name] == h && h.lost == nil && h.own == nil {
 				if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != h.fence {
 					if !h.releasing {
 						lost = b.markLostLocked(h, fmt.Errorf("etcdlock: lock %q: key %s is gone: %w", h.key, h.name, dlock.ErrNotHeld))
@@ -362,16 +373,9 @@ func (b *Backend) recheck(h *held) {
 }
 
 // NotifyLoss implements dlock.LossNotifier: fn is called once, with an
-// error matching dlock.ErrNotHeld, when the lock's entry is deleted (its
-// lease expired or was revoked, or someone deleted the key) or when a
-// keep-alive finds the lease gone. If the lock is not held through this
-// Backend (already lost), fn is called before NotifyLoss returns.
-//
-// When the last registration of a lock is stopped while the Backend still
-// holds the lock (the Client gave the lease up as lost without releasing
-// it, say after renewals timed out), the Backend deletes the entry in the
-// background, so the shared lease, still renewed for other locks, does not
-// keep it alive.
+// error matching dlock.ErrNotHeld, when the lock's entry or its lease is
+// found gone; at once if the lock is not held through b. Stopping the
+// last registration of a lock not released deletes its entry.
 func (b *Backend) NotifyLoss(r dlock.Request, fn func(cause error)) (stop func()) {
 	if fn == nil {
 		return func() {}
@@ -410,7 +414,7 @@ func (b *Backend) stopNotify(h *held, reg *lossReg) {
 			break
 		}
 	}
-	if h.regs != nil || b.held[h.name] != h {
+	if h.regs != nil || b.holds.byName[h.name] != h {
 		return
 	}
 	if h.lost == nil && h.claims > 0 && !h.releasing {
