@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # install-servers.sh — make sure the servers internal/testserver starts are
-# installed: redis-server (Debian package redis-server), etcd (etcd-server)
-# and ZooKeeper with java (zookeeper, which pulls in default-jre and
-# libzookeeper-java).
+# installed: redis-server (Debian package redis-server), etcd (etcd-server),
+# ZooKeeper with java (zookeeper, which pulls in default-jre and
+# libzookeeper-java) and PostgreSQL (postgresql; initdb and postgres in
+# /usr/lib/postgresql/N/bin, setpriv from util-linux to run it as the user
+# postgres when the tests run as root).
 #
 # Checks each one; if something is missing and we run as root, runs
 # `apt-get update` once and `apt-get install -y --no-install-recommends` for
 # the missing packages. If not root, prints the command and exits 1.
 #
-# Installing redis-server or etcd-server may start system services (redis on
-# 6379, etcd on 2379). They are left alone: tests never use those ports.
+# Installing redis-server, etcd-server or postgresql may start system services
+# (redis on 6379, etcd on 2379, postgres on 5432). They are left alone: tests
+# never use those ports.
 #
 # Usage: scripts/install-servers.sh [--check]   (--check: only report, exit 1 if missing)
 set -euo pipefail
@@ -18,7 +21,7 @@ check_only=false
 case "${1:-}" in
   --check) check_only=true ;;
   "") ;;
-  -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+  -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
   *) echo "usage: $0 [--check]" >&2; exit 2 ;;
 esac
 
@@ -26,6 +29,11 @@ missing=()
 
 have_redis() { command -v redis-server >/dev/null 2>&1; }
 have_etcd() { command -v etcd >/dev/null 2>&1; }
+# Same search order as internal/testserver: PATH, then Debian's layout.
+have_postgres() {
+  command -v postgres >/dev/null 2>&1 && command -v initdb >/dev/null 2>&1 && return 0
+  compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null
+}
 have_java() { command -v java >/dev/null 2>&1 || [[ -n "${JAVA_HOME:-}" && -x "$JAVA_HOME/bin/java" ]]; }
 # Same search order as internal/testserver: $ZOOKEEPER_HOME, Debian's jar,
 # then the older /usr/share/zookeeper layout.
@@ -80,6 +88,12 @@ fi
 if [[ "$zk_ok" == false ]]; then
   missing+=(zookeeper)
 fi
+if have_postgres; then
+  report postgresql true "$({ command -v postgres || compgen -G '/usr/lib/postgresql/*/bin/postgres'; } | tail -n1)"
+else
+  report postgresql false "package postgresql"
+  missing+=(postgresql)
+fi
 
 if ((${#missing[@]} == 0)); then
   echo "all present."
@@ -113,5 +127,6 @@ fail=false
 have_redis || { echo "redis-server still missing" >&2; fail=true; }
 have_etcd || { echo "etcd still missing" >&2; fail=true; }
 { have_java && have_zookeeper_jars; } || { echo "java or ZooKeeper jars still missing" >&2; fail=true; }
+have_postgres || { echo "postgres still missing" >&2; fail=true; }
 [[ "$fail" == false ]] || exit 1
 echo "all present."

@@ -1,0 +1,166 @@
+package certmagiclock_test
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"math/big"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/certmagic"
+	"go.uber.org/zap"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/adapters/certmagiclock"
+)
+
+// issuer is a certmagic.Issuer that signs with a throwaway CA, takes a
+// while, and records how many issuances of a name overlapped another of
+// the same name.
+type issuer struct {
+	key     *ecdsa.PrivateKey
+	overlap atomic.Int32
+	issued  atomic.Int32
+	mu      sync.Mutex
+	inside  map[string]int
+}
+
+func (is *issuer) enter(name string) func() {
+	is.mu.Lock()
+	defer is.mu.Unlock()
+	if is.inside[name]++; is.inside[name] > 1 {
+		is.overlap.Add(1)
+	}
+	return func() {
+		is.mu.Lock()
+		is.inside[name]--
+		is.mu.Unlock()
+	}
+}
+
+func (is *issuer) IssuerKey() string { return "test-ca" }
+
+func (is *issuer) Issue(ctx context.Context, csr *x509.CertificateRequest) (*certmagic.IssuedCertificate, error) {
+	defer is.enter(csr.DNSNames[0])()
+	time.Sleep(100 * time.Millisecond) // an ACME order takes a while
+	is.issued.Add(1)
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()),
+		Subject:      pkix.Name{CommonName: csr.DNSNames[0]},
+		DNSNames:     csr.DNSNames,
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(90 * 24 * time.Hour),
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, csr.PublicKey, is.key)
+	if err != nil {
+		return nil, err
+	}
+	return &certmagic.IssuedCertificate{Certificate: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}, nil
+}
+
+// Two certmagic instances sharing a storage obtain the same certificates
+// at the same moment: for each name the lock lets one instance issue it
+// while the other waits and then loads it from the storage; the two never
+// issue the same name at once.
+func TestTwoInstancesNeverIssueAtOnce(t *testing.T) {
+	for _, be := range backends {
+		t.Run(be.name, func(t *testing.T) {
+			key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+			if err != nil {
+				t.Fatal(err)
+			}
+			is := &issuer{key: key, inside: map[string]int{}}
+			dir := t.TempDir()
+			var cfgs []*certmagic.Config
+			var lockers []*certmagiclock.Locker
+			for range 2 {
+				c := newClient(t, be.new, dlock.WithTTL(2*time.Second))
+				locker := certmagiclock.New(c)
+				lockers = append(lockers, locker)
+				var cfg *certmagic.Config
+				cache := certmagic.NewCache(certmagic.CacheOptions{
+					GetConfigForCert: func(certmagic.Certificate) (*certmagic.Config, error) { return cfg, nil },
+					Logger:           zap.NewNop(),
+				})
+				t.Cleanup(cache.Stop)
+				cfg = certmagic.New(cache, certmagic.Config{
+					Storage: certmagiclock.Wrap(&certmagic.FileStorage{Path: dir}, locker),
+					Issuers: []certmagic.Issuer{is},
+					OCSP:    certmagic.OCSPConfig{DisableStapling: true},
+					Logger:  zap.NewNop(),
+				})
+				cfgs = append(cfgs, cfg)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			names := []string{"a.example.com", "b.example.com", "c.example.com"}
+			var wg sync.WaitGroup
+			for _, name := range names {
+				for _, cfg := range cfgs {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						if err := cfg.ObtainCertSync(ctx, name); err != nil {
+							t.Errorf("ObtainCertSync(%s): %v", name, err)
+						}
+					}()
+				}
+			}
+			wg.Wait()
+			if n := is.overlap.Load(); n != 0 {
+				t.Fatalf("issuances overlapping another: %d, want 0", n)
+			}
+			if n := is.issued.Load(); n != int32(len(names)) {
+				t.Fatalf("certificates issued: got %d, want %d (one per name: the second instance loads it)", n, len(names))
+			}
+			for _, l := range lockers {
+				if f := l.Fence("issue_cert_a.example.com"); f != 0 {
+					t.Fatalf("Fence of a released lock: got %d, want 0", f)
+				}
+			}
+		})
+	}
+}
+
+// TryLock reports a held lock without waiting; Unlock of a name not held
+// is ErrNotHeld; the fence of a held lock is the lease's.
+func TestLockerCalls(t *testing.T) {
+	for _, be := range backends {
+		t.Run(be.name, func(t *testing.T) {
+			ctx := context.Background()
+			a := certmagiclock.New(newClient(t, be.new, dlock.WithTTL(2*time.Second)))
+			b := certmagiclock.New(newClient(t, be.new, dlock.WithTTL(2*time.Second)))
+			name := "issue_cert_" + rand.Text()[:8]
+			if ok, err := a.TryLock(ctx, name); !ok || err != nil {
+				t.Fatalf("TryLock of a free lock: got %v, %v; want true", ok, err)
+			}
+			if a.Fence(name) == 0 {
+				t.Fatal("Fence of a held lock: got 0")
+			}
+			if ok, err := b.TryLock(ctx, name); ok || err != nil {
+				t.Fatalf("TryLock of a held lock: got %v, %v; want false, nil", ok, err)
+			}
+			if err := a.RenewLockLease(ctx, name, 5*time.Second); err != nil {
+				t.Fatalf("RenewLockLease: %v", err)
+			}
+			if err := b.Unlock(ctx, name); !errors.Is(err, dlock.ErrNotHeld) {
+				t.Fatalf("Unlock by an instance not holding it: got %v, want ErrNotHeld", err)
+			}
+			if err := a.Unlock(ctx, name); err != nil {
+				t.Fatalf("Unlock: %v", err)
+			}
+			if ok, err := b.TryLock(ctx, name); !ok || err != nil {
+				t.Fatalf("TryLock after Unlock: got %v, %v; want true", ok, err)
+			}
+			b.Unlock(ctx, name)
+		})
+	}
+}

@@ -1,0 +1,27 @@
+package pglock_test
+
+import (
+	"testing"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/dlocktest"
+	"github.com/dlock-go/dlock/pglock"
+)
+
+func TestConformance(t *testing.T) {
+	dlocktest.Run(t, dlocktest.Harness{
+		NewBackend: func(t *testing.T) dlock.Backend { return pglock.New(newPool(t)) },
+		TTL:        ttl,
+		Outage: func(t *testing.T) func() {
+			t.Helper()
+			if err := srv.Pause(); err != nil {
+				t.Fatalf("pause postgres: %v", err)
+			}
+			return func() {
+				if err := srv.Resume(); err != nil {
+					t.Errorf("resume postgres: %v", err)
+				}
+			}
+		},
+	})
+}

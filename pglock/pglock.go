@@ -1,0 +1,435 @@
+package pglock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/dlock-go/dlock"
+)
+
+// MinTTL is the shortest lock TTL the backend accepts (and reports through
+// Backend.MinTTL). A lease renewed every TTL/3 must survive a renewal
+// round trip plus a retry: see "Minimum TTL" in the package documentation
+// for the measurement behind it.
+const MinTTL = 100 * time.Millisecond
+
+// Backend is a dlock.Backend on a PostgreSQL lease table. Create it with
+// New. It implements dlock.Backend, dlock.BatchRefresher, dlock.Notifier,
+// dlock.Inspector, dlock.ForceReleaser and MinTTL (dlock.TTLFloor).
+type Backend struct {
+	pool  *pgxpool.Pool
+	cfg   config
+	err   error
+	stmts statements
+
+	setupMu sync.Mutex
+	ready   bool // the schema was created or checked
+
+	closed atomic.Bool
+	quit   chan struct{} // closed by Close: ends the sweeper and the listener
+	bgMu   sync.Mutex
+	bgDone sync.WaitGroup
+	sweep  bool // the sweeper runs
+
+	lis *listener // nil with WithoutListen
+}
+
+var errClosed = fmt.Errorf("pglock: %w", dlock.ErrClosed)
+
+// New returns a Backend that keeps locks in tables of pool's database,
+// configured by opts. New does not contact the server: the first call
+// creates the schema (DefaultSchema unless WithSchema) if it does not
+// exist, or checks that it is one this package created, with the expected
+// tables, and that the role may use it. If pool is nil or an option is
+// invalid, the Backend is still returned but every call on it fails with
+// that error (matching dlock.ErrInvalidOption), which Err also returns.
+//
+// Every statement is a single statement in its own transaction, so pool
+// may go through a transaction-pooling proxy (configure pgx with
+// QueryExecModeExec or QueryExecModeSimpleProtocol there; prepared
+// statements do not survive such a proxy). Release notifications need one
+// session of their own: see WithListenConfig and WithoutListen.
+func New(pool *pgxpool.Pool, opts ...Option) *Backend {
+	b := &Backend{pool: pool, cfg: defaultConfig(), quit: make(chan struct{})}
+	if pool == nil {
+		b.err = fmt.Errorf("pglock: %w: nil pool", dlock.ErrInvalidOption)
+		return b
+	}
+	for _, o := range opts {
+		if o == nil {
+			b.err = fmt.Errorf("pglock: %w: nil Option", dlock.ErrInvalidOption)
+			return b
+		}
+		if err := o(&b.cfg); err != nil {
+			b.err = err
+			return b
+		}
+	}
+	b.stmts = newStatements(b.cfg.schema)
+	if !b.cfg.noListen {
+		lc := b.cfg.listen
+		if lc == nil {
+			lc = pool.Config().ConnConfig.Copy()
+		}
+		b.lis = newListener(b, lc)
+	}
+	return b
+}
+
+// Err returns the configuration error recorded by New, or nil.
+func (b *Backend) Err() error { return b.err }
+
+// Schema returns the schema holding the backend's tables.
+func (b *Backend) Schema() string { return b.cfg.schema }
+
+// MinTTL returns MinTTL: the shortest TTL the backend keeps alive.
+func (b *Backend) MinTTL() time.Duration { return MinTTL }
+
+// enter checks the Backend is usable and its schema is set up.
+func (b *Backend) enter(ctx context.Context) error {
+	if b.err != nil {
+		return b.err
+	}
+	if b.closed.Load() {
+		return errClosed
+	}
+	if err := b.setup(ctx); err != nil {
+		return err
+	}
+	b.startBackground()
+	return nil
+}
+
+func checkTTL(ttl time.Duration) error {
+	if ttl < MinTTL {
+		return fmt.Errorf("pglock: %w: %v is below the minimum %v", dlock.ErrInvalidTTL, ttl, MinTTL)
+	}
+	return nil
+}
+
+// retryable reports whether err, from a statement run under ctx, is a
+// failure of the connection (not an error the server reported, not the
+// context ending): after a server restart every pooled connection fails
+// once. Callers retry once where repeating the statement is safe.
+func retryable(ctx context.Context, err error) bool {
+	var pe *pgconn.PgError
+	return err != nil && ctx.Err() == nil && !errors.Is(err, pgx.ErrNoRows) && !errors.As(err, &pe)
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func wrap(op string, err error) error {
+	return fmt.Errorf("pglock: %s: %w", op, err)
+}
+
+// TryAcquire makes one attempt to take r.Key for r.Token with one
+// statement: a free or expired lock is granted with a new fence from the
+// sequence; the holder's token re-enters when r.Reentrant (count + 1,
+// deadline max(D, now + TTL)); otherwise it returns Grant{OK: false} with
+// the holder's remaining TTL.
+func (b *Backend) TryAcquire(ctx context.Context, r dlock.Request) (dlock.Grant, error) {
+	if err := b.enter(ctx); err != nil {
+		return dlock.Grant{}, err
+	}
+	if err := checkTTL(r.TTL); err != nil {
+		return dlock.Grant{}, err
+	}
+	var (
+		ok     bool
+		fence  int64
+		count  int
+		remain int64
+	)
+	acquire := func() error {
+		return b.pool.QueryRow(ctx, b.stmts.acquire[b2i(r.Reentrant)], r.Key, r.Token, r.TTL.Microseconds()).Scan(&ok, &fence, &count, &remain)
+	}
+	err := acquire()
+	if retryable(ctx, err) && !r.Reentrant {
+		// The attempt may have been granted before the connection
+		// failed: give that grant back (the token is this attempt's own),
+		// then try again.
+		b.abandon(ctx, r)
+		err = acquire()
+	}
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return dlock.Grant{}, nil
+	case err != nil:
+		if ctx.Err() != nil && !r.Reentrant {
+			b.abandon(ctx, r)
+		}
+		return dlock.Grant{}, wrap("acquire", err)
+	case !ok:
+		return dlock.Grant{HolderTTL: max(time.Duration(remain)*time.Microsecond, 0)}, nil
+	}
+	return dlock.Grant{OK: true, Fence: uint64(fence), Count: count}, nil
+}
+
+// abandonTimeout bounds the clean-up after an attempt whose reply was
+// lost.
+const abandonTimeout = time.Second
+
+// abandon gives back a grant that an attempt may have made after its
+// caller gave up (the statement can commit after the context ended). The
+// token of a non-reentrant request is this attempt's own, so freeing a
+// row of that token with count 1 touches no earlier grant. A grant that
+// commits after the clean-up expires at its TTL.
+func (b *Backend) abandon(ctx context.Context, r dlock.Request) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abandonTimeout)
+	defer cancel()
+	r.Fence = 0
+	_ = b.pool.QueryRow(cctx, b.stmts.release[0], r.Key, r.Token, int64(0)).Scan(nil, nil)
+}
+
+// Refresh sets the lock's deadline to max(deadline, now + r.TTL) if
+// r.Token (and r.Fence, when set) still holds it unexpired; otherwise it
+// returns an error matching dlock.ErrNotHeld and changes nothing.
+func (b *Backend) Refresh(ctx context.Context, r dlock.Request) error {
+	if err := b.enter(ctx); err != nil {
+		return err
+	}
+	if err := checkTTL(r.TTL); err != nil {
+		return err
+	}
+	refresh := func() (pgconn.CommandTag, error) {
+		return b.pool.Exec(ctx, b.stmts.refresh[b2i(r.Fence != 0)], r.Key, r.Token, int64(r.Fence), r.TTL.Microseconds())
+	}
+	tag, err := refresh()
+	if retryable(ctx, err) { // setting the deadline to max(D, now + TTL) twice is once
+		tag, err = refresh()
+	}
+	if err != nil {
+		return wrap("refresh", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("pglock: refresh: %w", dlock.ErrNotHeld)
+	}
+	return nil
+}
+
+// RefreshMany refreshes every request in one statement (requests for the
+// same key after the first go in a statement of their own). The result has
+// one entry per request: nil, an error matching dlock.ErrNotHeld, or the
+// statement's error.
+func (b *Backend) RefreshMany(ctx context.Context, rs []dlock.Request) []error {
+	errs := make([]error, len(rs))
+	if err := b.enter(ctx); err != nil {
+		for i := range errs {
+			errs[i] = err
+		}
+		return errs
+	}
+	var (
+		keys, tokens []string
+		fences, ttls []int64
+		index        []int // position in rs of each batched request
+		seen         = make(map[string]bool, len(rs))
+		single       []int
+	)
+	for i, r := range rs {
+		if err := checkTTL(r.TTL); err != nil {
+			errs[i] = err
+			continue
+		}
+		if seen[r.Key] {
+			single = append(single, i)
+			continue
+		}
+		seen[r.Key] = true
+		keys, tokens = append(keys, r.Key), append(tokens, r.Token)
+		fences, ttls = append(fences, int64(r.Fence)), append(ttls, r.TTL.Microseconds())
+		index = append(index, i)
+	}
+	if len(index) > 0 {
+		refresh := func() ([]int64, error) {
+			rows, err := b.pool.Query(ctx, b.stmts.refreshMany, keys, tokens, fences, ttls)
+			if err != nil {
+				return nil, err
+			}
+			return pgx.CollectRows(rows, pgx.RowTo[int64])
+		}
+		held, err := refresh()
+		if retryable(ctx, err) {
+			held, err = refresh()
+		}
+		if err != nil {
+			for _, i := range index {
+				errs[i] = wrap("refresh", err)
+			}
+		} else {
+			ok := make([]bool, len(index))
+			for _, h := range held {
+				if h >= 1 && int(h) <= len(index) {
+					ok[h-1] = true
+				}
+			}
+			for j, i := range index {
+				if !ok[j] {
+					errs[i] = fmt.Errorf("pglock: refresh: %w", dlock.ErrNotHeld)
+				}
+			}
+		}
+	}
+	for _, i := range single {
+		errs[i] = b.Refresh(ctx, rs[i])
+	}
+	return errs
+}
+
+// Release gives up one hold of r.Token (and r.Fence, when set). The last
+// hold frees the lock and wakes the oldest live waiter, in the same
+// statement. When the token does not hold the lock unexpired it returns
+// an error matching dlock.ErrNotHeld and changes nothing.
+func (b *Backend) Release(ctx context.Context, r dlock.Request) error {
+	if err := b.enter(ctx); err != nil {
+		return err
+	}
+	var held bool
+	release := func() error {
+		return b.pool.QueryRow(ctx, b.stmts.release[b2i(r.Fence != 0)], r.Key, r.Token, int64(r.Fence)).Scan(&held, nil)
+	}
+	err := release()
+	if retryable(ctx, err) && !r.Reentrant {
+		// A token of its own holds once: repeating the release can only
+		// find the lock already freed by the first attempt (ErrNotHeld).
+		// A reentrant count is not retried: it could drop twice.
+		err = release()
+	}
+	if err != nil {
+		return wrap("release", err)
+	}
+	if !held {
+		return fmt.Errorf("pglock: release: %w", dlock.ErrNotHeld)
+	}
+	return nil
+}
+
+// Inspect returns the lock's state as the server sees it: holder, fence,
+// count, remaining TTL and the number of live waiters.
+func (b *Backend) Inspect(ctx context.Context, key string) (dlock.Info, error) {
+	if err := b.enter(ctx); err != nil {
+		return dlock.Info{}, err
+	}
+	var (
+		token   *string
+		fence   *int64
+		count   *int
+		remain  *int64
+		waiters int64
+	)
+	inspect := func() error {
+		return b.pool.QueryRow(ctx, b.stmts.inspect, key).Scan(&token, &fence, &count, &remain, &waiters)
+	}
+	err := inspect()
+	if retryable(ctx, err) {
+		err = inspect()
+	}
+	if err != nil {
+		return dlock.Info{}, wrap("inspect", err)
+	}
+	info := dlock.Info{Key: key, Waiters: int(waiters)}
+	if token != nil {
+		info.Held, info.Owner, info.Fence, info.Count = true, *token, uint64(*fence), *count
+		info.TTL = max(time.Duration(*remain)*time.Microsecond, 0)
+	}
+	return info, nil
+}
+
+// ForceRelease frees the lock whoever holds it and wakes the oldest live
+// waiter. It returns what was removed (Held false when there was no live
+// lock).
+func (b *Backend) ForceRelease(ctx context.Context, key string) (dlock.Info, error) {
+	if err := b.enter(ctx); err != nil {
+		return dlock.Info{}, err
+	}
+	var (
+		token  string
+		fence  int64
+		count  int
+		remain int64
+	)
+	err := b.pool.QueryRow(ctx, b.stmts.forceRelease, key).Scan(&token, &fence, &count, &remain, nil)
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && remain <= 0) {
+		return dlock.Info{Key: key, Waiters: -1}, nil
+	}
+	if err != nil {
+		return dlock.Info{}, wrap("force release", err)
+	}
+	return dlock.Info{Key: key, Held: true, Owner: token, Fence: uint64(fence), Count: count,
+		TTL: time.Duration(remain) * time.Microsecond, Waiters: -1}, nil
+}
+
+// Close stops the sweeper and closes the listen session. It does not
+// close the pool. Calls after Close fail with dlock.ErrClosed.
+func (b *Backend) Close() error {
+	if b.closed.Swap(true) {
+		return nil
+	}
+	b.bgMu.Lock()
+	close(b.quit)
+	b.bgMu.Unlock()
+	b.bgDone.Wait()
+	return nil
+}
+
+// startBackground starts the sweeper once.
+func (b *Backend) startBackground() {
+	b.bgMu.Lock()
+	defer b.bgMu.Unlock()
+	if b.sweep || b.closed.Load() {
+		return
+	}
+	b.sweep = true
+	b.goBackground(b.sweepLoop)
+}
+
+// goBackground runs fn on a goroutine with a context that Close cancels;
+// Close waits for it. Caller holds bgMu and has checked closed.
+func (b *Backend) goBackground(fn func(ctx context.Context)) {
+	b.bgDone.Add(1)
+	go func() {
+		defer b.bgDone.Done()
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go func() {
+			select {
+			case <-b.quit:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		fn(ctx)
+	}()
+}
+
+// sweepLoop deletes rows that expired (or were freed) more than a sweep
+// interval ago. Such rows are free locks already (every statement compares
+// expires with now()); they keep their key's last fence meanwhile.
+func (b *Backend) sweepLoop(ctx context.Context) {
+	t := time.NewTicker(b.cfg.sweep)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		sctx, cancel := context.WithTimeout(ctx, b.cfg.sweep)
+		var l, w int64
+		_ = b.pool.QueryRow(sctx, b.stmts.sweep, b.cfg.sweep.Microseconds()).Scan(&l, &w)
+		cancel()
+	}
+}

@@ -1,0 +1,481 @@
+package pglock_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/dlocktest"
+	"github.com/dlock-go/dlock/pglock"
+)
+
+var _ interface {
+	dlock.Backend
+	dlock.BatchRefresher
+	dlock.Notifier
+	dlock.Inspector
+	dlock.ForceReleaser
+	dlock.TTLFloor
+} = (*pglock.Backend)(nil)
+
+// exec runs sql as the superuser.
+func exec(t *testing.T, sql string, args ...any) {
+	t.Helper()
+	if _, err := newPool(t).Exec(ctxT(t, 10*time.Second), sql, args...); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+// poolAs returns a pool on the test server as role.
+func poolAs(t *testing.T, role string) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), strings.Replace(srv.DSN(), "//postgres@", "//"+role+"@", 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+func tryAcquire(t *testing.T, b *pglock.Backend, r dlock.Request) (dlock.Grant, error) {
+	t.Helper()
+	return b.TryAcquire(ctxT(t, 10*time.Second), r)
+}
+
+// A schema of the same name that pglock did not create, or whose tables
+// changed shape, is refused with ErrWrongType and left untouched.
+func TestSchemaNotOurs(t *testing.T) {
+	exec(t, "CREATE SCHEMA app_foreign; CREATE TABLE app_foreign.locks (key text)")
+	b := pglock.New(newPool(t), pglock.WithSchema("app_foreign"))
+	defer b.Close()
+	_, err := tryAcquire(t, b, dlock.Request{Key: "k", Token: "t", TTL: time.Second})
+	if !errors.Is(err, dlock.ErrWrongType) || !strings.Contains(err.Error(), "not created by pglock") {
+		t.Fatalf("TryAcquire on a foreign schema: got %v, want ErrWrongType naming the schema", err)
+	}
+
+	b2 := pglock.New(newPool(t), pglock.WithSchema("altered"))
+	defer b2.Close()
+	if _, err := tryAcquire(t, b2, dlock.Request{Key: "k", Token: "t", TTL: time.Second}); err != nil {
+		t.Fatalf("TryAcquire on a new schema: %v", err)
+	}
+	exec(t, "ALTER TABLE altered.locks ADD COLUMN note text")
+	b3 := pglock.New(newPool(t), pglock.WithSchema("altered"))
+	defer b3.Close()
+	_, err = tryAcquire(t, b3, dlock.Request{Key: "k2", Token: "t", TTL: time.Second})
+	if !errors.Is(err, dlock.ErrWrongType) || !strings.Contains(err.Error(), "note text") {
+		t.Fatalf("TryAcquire on an altered schema: got %v, want ErrWrongType showing the extra column", err)
+	}
+}
+
+// A role that may neither create the schema nor use an existing one gets
+// an error saying so.
+func TestPrivileges(t *testing.T) {
+	exec(t, "CREATE ROLE weak LOGIN")
+	b := pglock.New(poolAs(t, "weak"), pglock.WithSchema("weak_new"))
+	defer b.Close()
+	_, err := tryAcquire(t, b, dlock.Request{Key: "k", Token: "t", TTL: time.Second})
+	if err == nil || !strings.Contains(err.Error(), "may not create schema") {
+		t.Fatalf("TryAcquire by a role without CREATE: got %v, want an error about creating the schema", err)
+	}
+	own := pglock.New(newPool(t), pglock.WithSchema("weak_existing"))
+	defer own.Close()
+	if _, err := tryAcquire(t, own, dlock.Request{Key: "k", Token: "t", TTL: time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	b2 := pglock.New(poolAs(t, "weak"), pglock.WithSchema("weak_existing"))
+	defer b2.Close()
+	_, err = tryAcquire(t, b2, dlock.Request{Key: "k", Token: "t", TTL: time.Second})
+	if err == nil || !strings.Contains(err.Error(), `role "weak" lacks privileges`) {
+		t.Fatalf("TryAcquire by a role without privileges: got %v, want an error naming the role", err)
+	}
+	exec(t, "GRANT USAGE ON SCHEMA weak_existing TO weak; GRANT USAGE ON SEQUENCE weak_existing.fence TO weak; "+
+		"GRANT SELECT, INSERT, UPDATE, DELETE ON weak_existing.locks, weak_existing.waiters TO weak")
+	b3 := pglock.New(poolAs(t, "weak"), pglock.WithSchema("weak_existing"))
+	defer b3.Close()
+	if _, err := tryAcquire(t, b3, dlock.Request{Key: "k2", Token: "t", TTL: time.Second}); err != nil {
+		t.Fatalf("TryAcquire after the grants: %v", err)
+	}
+}
+
+// Deadlines never move back; refresh and release compare token and fence;
+// a non-reentrant attempt by the holder's token is refused.
+func TestLeaseModel(t *testing.T) {
+	b := pglock.New(newPool(t))
+	defer b.Close()
+	ctx := ctxT(t, 10*time.Second)
+	key := dlocktest.Key(t)
+	r := dlock.Request{Key: key, Token: "a", TTL: 5 * time.Second, Reentrant: true}
+	g, err := b.TryAcquire(ctx, r)
+	if err != nil || !g.OK {
+		t.Fatalf("TryAcquire: %+v, %v", g, err)
+	}
+	r.Fence = g.Fence
+	remaining := func() time.Duration {
+		info, err := b.Inspect(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.TTL
+	}
+	// A refresh or a re-entry with a shorter TTL does not shorten the lock.
+	short := r
+	short.TTL = 100 * time.Millisecond
+	if err := b.Refresh(ctx, short); err != nil {
+		t.Fatal(err)
+	}
+	if got := remaining(); got < 4*time.Second {
+		t.Fatalf("TTL after Refresh(100ms): got %v, want about 5s", got)
+	}
+	short.Fence = 0
+	if g2, err := b.TryAcquire(ctx, short); err != nil || !g2.OK || g2.Count != 2 || g2.Fence != g.Fence {
+		t.Fatalf("reentrant TryAcquire: got %+v, %v; want count 2 and fence %d", g2, err, g.Fence)
+	}
+	if got := remaining(); got < 4*time.Second {
+		t.Fatalf("TTL after a 100ms re-entry: got %v, want about 5s", got)
+	}
+	// Another fence or token: not held, nothing changes.
+	stale := r
+	stale.Fence = g.Fence + 1
+	if err := b.Release(ctx, stale); !errors.Is(err, dlock.ErrNotHeld) {
+		t.Fatalf("Release with a stale fence: got %v, want ErrNotHeld", err)
+	}
+	if err := b.Refresh(ctx, stale); !errors.Is(err, dlock.ErrNotHeld) {
+		t.Fatalf("Refresh with a stale fence: got %v, want ErrNotHeld", err)
+	}
+	nr := r
+	nr.Reentrant, nr.Fence = false, 0
+	if g3, err := b.TryAcquire(ctx, nr); err != nil || g3.OK {
+		t.Fatalf("non-reentrant TryAcquire by the holder: got %+v, %v; want not granted", g3, err)
+	}
+	// RefreshMany: one held, one stale, one duplicate key.
+	errs := b.RefreshMany(ctx, []dlock.Request{r, stale, r})
+	if errs[0] != nil || !errors.Is(errs[1], dlock.ErrNotHeld) || errs[2] != nil {
+		t.Fatalf("RefreshMany: got %v, want [nil ErrNotHeld nil]", errs)
+	}
+	info, _ := b.Inspect(ctx, key)
+	if !info.Held || info.Count != 2 || info.Owner != "a" || info.Fence != g.Fence {
+		t.Fatalf("Inspect: got %+v, want held by a, count 2, fence %d", info, g.Fence)
+	}
+	for i := 0; i < 2; i++ {
+		if err := b.Release(ctx, r); err != nil {
+			t.Fatalf("Release %d: %v", i, err)
+		}
+	}
+	if err := b.Release(ctx, r); !errors.Is(err, dlock.ErrNotHeld) {
+		t.Fatalf("third Release: got %v, want ErrNotHeld", err)
+	}
+	// A new grant gets a larger fence; ForceRelease removes it.
+	g4, err := b.TryAcquire(ctx, dlock.Request{Key: key, Token: "b", TTL: time.Second})
+	if err != nil || !g4.OK || g4.Fence <= g.Fence {
+		t.Fatalf("TryAcquire after release: got %+v, %v; want a fence above %d", g4, err, g.Fence)
+	}
+	fi, err := b.ForceRelease(ctx, key)
+	if err != nil || !fi.Held || fi.Owner != "b" || fi.Fence != g4.Fence {
+		t.Fatalf("ForceRelease: got %+v, %v; want b's grant", fi, err)
+	}
+	if info, _ := b.Inspect(ctx, key); info.Held {
+		t.Fatalf("Inspect after ForceRelease: got %+v, want free", info)
+	}
+	if _, err := b.TryAcquire(ctx, dlock.Request{Key: key, Token: "c", TTL: pglock.MinTTL / 2}); !errors.Is(err, dlock.ErrInvalidTTL) {
+		t.Fatalf("TryAcquire below MinTTL: got %v, want ErrInvalidTTL", err)
+	}
+}
+
+// attempts counts a Client's acquisition attempts (server round trips).
+type attempts struct{ n atomic.Int64 }
+
+func (a *attempts) Observe(ctx context.Context, e dlock.Event) context.Context {
+	if e.Kind == dlock.EventAttempt {
+		a.n.Add(1)
+	}
+	return ctx
+}
+
+// A release wakes one waiter, the oldest: with n waiters queued, n
+// hand-overs make n attempts after the initial two each (try, then retry
+// after subscribing), and the lock goes round in arrival order.
+func TestOneWaiterWokenPerRelease(t *testing.T) {
+	const n = 4
+	key := dlocktest.Key(t)
+	ctx := ctxT(t, time.Minute)
+	holderC, _ := newClient(t, dlock.WithTTL(30*time.Second))
+	holder, err := holderC.Acquire(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		counters [n]attempts
+		order    []int
+		mu       sync.Mutex
+		wg       sync.WaitGroup
+	)
+	for i := 0; i < n; i++ {
+		c, b := newClient(t, dlock.WithTTL(30*time.Second), dlock.WithWait(dlock.Constant(time.Minute)), dlock.WithObserver(&counters[i]))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l, err := c.Acquire(ctx, key)
+			if err != nil {
+				t.Errorf("waiter %d: %v", i, err)
+				return
+			}
+			mu.Lock()
+			order = append(order, i)
+			mu.Unlock()
+			if err := l.Release(ctx); err != nil {
+				t.Errorf("waiter %d release: %v", i, err)
+			}
+		}()
+		// Queue them in order: wait until this one has subscribed and
+		// retried.
+		for {
+			info, err := b.Inspect(ctx, key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if info.Waiters == i+1 && counters[i].n.Load() == 2 {
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	if err := holder.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	for i := range counters {
+		if got := counters[i].n.Load(); got != 3 {
+			t.Errorf("waiter %d attempts: got %d, want 3 (woken once)", i, got)
+		}
+	}
+	for i, w := range order {
+		if w != i {
+			t.Fatalf("acquisition order: got %v, want arrival order", order)
+		}
+	}
+}
+
+// Guard holds off a takeover until the guarded transaction ends, and
+// refuses a lease whose lock was taken over.
+func TestGuard(t *testing.T) {
+	key := dlocktest.Key(t)
+	ctx := ctxT(t, time.Minute)
+	pool := newPool(t)
+	b := pglock.New(pool)
+	c := dlock.New(b, dlock.WithTTL(200*time.Millisecond), dlock.WithAutoRenew(false))
+	defer c.Close()
+	old, err := c.Acquire(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Guard(ctx, tx, old); err != nil {
+		t.Fatalf("Guard of a held lease: %v", err)
+	}
+	<-old.Done() // expired on the client side, and soon on the server
+	other, _ := newClient(t)
+	var committed atomic.Bool
+	got := make(chan *dlock.Lease, 1)
+	go func() {
+		l, err := other.Acquire(ctx, key)
+		if err != nil {
+			t.Errorf("takeover: %v", err)
+		}
+		if !committed.Load() {
+			t.Errorf("takeover granted while the guarded transaction was open")
+		}
+		got <- l
+	}()
+	time.Sleep(300 * time.Millisecond) // the server's deadline has passed too
+	committed.Store(true)
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l := <-got
+	if l == nil {
+		return
+	}
+	defer l.Release(ctx)
+	tx2, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx2.Rollback(ctx)
+	if err := b.Guard(ctx, tx2, old); !errors.Is(err, dlock.ErrLost) {
+		t.Fatalf("Guard of a taken-over lease: got %v, want ErrLost", err)
+	}
+}
+
+// A server restart keeps the locks (the table is durable) and the
+// listener reconnects: a waiter that subscribed before the restart is
+// woken by a release after it.
+func TestRestart(t *testing.T) {
+	key := dlocktest.Key(t)
+	ctx := ctxT(t, time.Minute)
+	holderC, _ := newClient(t, dlock.WithTTL(20*time.Second))
+	holder, err := holderC.Acquire(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiterC, wb := newClient(t, dlock.WithTTL(20*time.Second), dlock.WithWait(dlock.Constant(time.Minute)))
+	got := make(chan error, 1)
+	go func() {
+		l, err := waiterC.Acquire(ctx, key)
+		if err == nil {
+			if l.Fence() <= holder.Fence() {
+				err = errors.New("fence did not increase across the restart")
+			}
+			l.Release(ctx)
+		}
+		got <- err
+	}()
+	for {
+		info, err := wb.Inspect(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.Waiters == 1 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	info, err := wb.Inspect(ctx, key)
+	for err != nil && ctx.Err() == nil { // the pool reconnects
+		time.Sleep(10 * time.Millisecond)
+		info, err = wb.Inspect(ctx, key)
+	}
+	if !info.Held || info.Owner != holder.Owner() {
+		t.Fatalf("after restart: got %+v, want held by the holder", info)
+	}
+	// Release once the listener is back (its heartbeat renewed the row).
+	for {
+		info, err := wb.Inspect(ctx, key)
+		if err == nil && info.Waiters == 1 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	released := time.Now()
+	if err := holder.Release(ctx); err != nil {
+		t.Fatalf("Release after restart: %v", err)
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("waiter: %v", err)
+	}
+	t.Logf("waiter acquired %v after the release", time.Since(released))
+}
+
+// Invalid options are recorded by New and returned by every call.
+func TestOptions(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		b    *pglock.Backend
+	}{
+		{"NilPool", pglock.New(nil)},
+		{"BadSchema", pglock.New(newPool(t), pglock.WithSchema("Bad-Name"))},
+		{"NilListenConfig", pglock.New(newPool(t), pglock.WithListenConfig(nil))},
+		{"ShortWaiterTTL", pglock.New(newPool(t), pglock.WithWaiterTTL(time.Millisecond))},
+		{"ShortSweep", pglock.New(newPool(t), pglock.WithSweepInterval(time.Second))},
+		{"NilOption", pglock.New(newPool(t), nil)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := tc.b.Err(); !errors.Is(err, dlock.ErrInvalidOption) || !strings.HasPrefix(err.Error(), "pglock: ") {
+				t.Fatalf("Err: got %v, want a pglock error matching ErrInvalidOption", err)
+			}
+			_, err := tc.b.TryAcquire(ctxT(t, time.Second), dlock.Request{Key: "k", Token: "t", TTL: time.Second})
+			if !errors.Is(err, dlock.ErrInvalidOption) {
+				t.Fatalf("TryAcquire: got %v, want ErrInvalidOption", err)
+			}
+		})
+	}
+}
+
+// Without notifications Subscribe is unsupported and a waiter still gets
+// the lock after a release, by the holder's TTL or its wait strategy.
+func TestWithoutListen(t *testing.T) {
+	key := dlocktest.Key(t)
+	ctx := ctxT(t, time.Minute)
+	b := pglock.New(newPool(t), pglock.WithoutListen())
+	if _, _, err := b.Subscribe(ctx, key); !errors.Is(err, errors.ErrUnsupported) {
+		t.Fatalf("Subscribe: got %v, want ErrUnsupported", err)
+	}
+	c := dlock.New(b, dlock.WithTTL(ttl), dlock.WithWait(dlock.Constant(20*time.Millisecond)))
+	defer c.Close()
+	holder, err := c.Acquire(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		l, err := c.Acquire(ctx, key)
+		if err == nil {
+			l.Release(ctx)
+		}
+		got <- err
+	}()
+	time.Sleep(50 * time.Millisecond)
+	holder.Release(ctx)
+	if err := <-got; err != nil {
+		t.Fatalf("waiter without notifications: %v", err)
+	}
+}
+
+// A waiter row no listener renews (its process died) stops being chosen
+// once its waiter TTL has passed: the release wakes the live waiter
+// behind it.
+func TestDeadWaiterSkipped(t *testing.T) {
+	key := dlocktest.Key(t)
+	ctx := ctxT(t, time.Minute)
+	holderC, _ := newClient(t, dlock.WithTTL(30*time.Second))
+	holder, err := holderC.Acquire(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The row of a waiter whose process died a moment ago: older than any
+	// live waiter, no listener behind its channel, expiring soon.
+	exec(t, `INSERT INTO dlock.waiters (key, channel, tag, expires) VALUES ($1, 'dlock_gone', $2, now() + interval '100 milliseconds')`, key, time.Now().UnixNano())
+	c, _ := newClient(t, dlock.WithTTL(30*time.Second), dlock.WithWait(dlock.Constant(time.Minute)))
+	got := make(chan error, 1)
+	go func() {
+		l, err := c.Acquire(ctx, key)
+		if err == nil {
+			l.Release(ctx)
+		}
+		got <- err
+	}()
+	pool := newPool(t)
+	for { // the live waiter is queued and the dead row has expired
+		var live, all int
+		if err := pool.QueryRow(ctx, "SELECT count(*) FILTER (WHERE expires > now()), count(*) FROM dlock.waiters WHERE key = $1", key).Scan(&live, &all); err != nil {
+			t.Fatal(err)
+		}
+		if live == 1 && all == 2 {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := holder.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatalf("live waiter: %v", err)
+		}
+	case <-time.After(10 * time.Second): // far below the holder's 30s TTL and the 1min strategy
+		t.Fatal("live waiter behind a dead one not woken by the release")
+	}
+}

@@ -1,0 +1,412 @@
+package pglock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/dlock-go/dlock"
+)
+
+// SessionBackend is a dlock.Backend holding each lock as a session
+// advisory lock, on a pooled connection it keeps for as long as the lock
+// is held: when the connection drops, the server releases the lock. Create
+// it with NewSession. It implements dlock.Backend, dlock.Notifier,
+// dlock.LossNotifier, dlock.Inspector, dlock.ForceReleaser and MinTTL
+// (dlock.TTLFloor).
+type SessionBackend struct {
+	b *Backend // schema, fence sequence, waiters and listener
+
+	mu   sync.Mutex
+	held map[string]*session // by key
+}
+
+var errReleased = errors.New("pglock: the lock was released")
+
+// session is one held lock: its connection, holder and hold count.
+type session struct {
+	conn  *pgxpool.Conn
+	key   string
+	token string
+	fence uint64
+	count int
+	pid   int32
+
+	mu       sync.Mutex // one statement at a time on conn
+	dead     error      // set once the connection failed
+	onEnd    []func(error)
+	lastOK   time.Time     // start of the last statement that succeeded on conn
+	ttl      time.Duration // the lease's TTL: the session's idle timeout
+	inflight chan struct{} // closed when the running renewal ends
+	pingErr  error         // the result of the last renewal
+}
+
+// NewSession returns a SessionBackend on pool, configured by opts (those
+// of New; the schema holds the fence sequence and the waiters). Every
+// held lock keeps one connection of pool out of it, so pool's size bounds
+// the number of locks held at once; TryAcquire waits for a free
+// connection within its context.
+//
+// The pool must reach the server directly or through session pooling: a
+// transaction-pooling proxy would run the unlock on another session. The
+// backend notices at the next renewal or release (the server process
+// behind the connection changed, or the unlock found no lock) and reports
+// an error saying so.
+func NewSession(pool *pgxpool.Pool, opts ...Option) *SessionBackend {
+	return &SessionBackend{b: New(pool, opts...), held: make(map[string]*session)}
+}
+
+// Err returns the configuration error recorded by NewSession, or nil.
+func (s *SessionBackend) Err() error { return s.b.err }
+
+// MinTTL returns MinTTL: the lease still has to be renewed (a renewal
+// checks that the session is alive).
+func (s *SessionBackend) MinTTL() time.Duration { return MinTTL }
+
+// TryAcquire makes one attempt: pg_try_advisory_lock on a connection of
+// its own, and on success a fence drawn from the sequence in the same
+// statement, after the lock is taken. The holder's token re-enters in
+// this process when r.Reentrant (a session lock cannot be shared with
+// another process). A held lock returns Grant{OK: false}.
+func (s *SessionBackend) TryAcquire(ctx context.Context, r dlock.Request) (dlock.Grant, error) {
+	if err := s.b.enter(ctx); err != nil {
+		return dlock.Grant{}, err
+	}
+	if err := checkTTL(r.TTL); err != nil {
+		return dlock.Grant{}, err
+	}
+	s.mu.Lock()
+	if h := s.held[r.Key]; h != nil {
+		defer s.mu.Unlock()
+		if h.token == r.Token && r.Reentrant && h.alive() {
+			h.count++
+			return dlock.Grant{OK: true, Fence: h.fence, Count: h.count}, nil
+		}
+		return dlock.Grant{}, nil
+	}
+	s.mu.Unlock()
+	conn, err := s.b.pool.Acquire(ctx)
+	if err != nil {
+		return dlock.Grant{}, wrap("acquire", err)
+	}
+	var (
+		fence int64
+		pid   int32
+	)
+	start := time.Now()
+	if err := conn.QueryRow(ctx, s.b.stmts.sessionLock, r.Key, idleTimeout(r.TTL), r.Token).Scan(&fence, &pid, nil); err != nil {
+		// A statement cut short closes the connection: a lock it may
+		// have taken ends with the session.
+		conn.Release()
+		return dlock.Grant{}, wrap("acquire", err)
+	}
+	if fence == 0 {
+		conn.Release()
+		return dlock.Grant{}, nil
+	}
+	h := &session{conn: conn, key: r.Key, token: r.Token, fence: uint64(fence), count: 1, pid: pid, lastOK: start, ttl: r.TTL}
+	s.mu.Lock()
+	s.held[r.Key] = h
+	s.mu.Unlock()
+	return dlock.Grant{OK: true, Fence: h.fence, Count: 1}, nil
+}
+
+// hold returns the live session of r, or an error matching
+// dlock.ErrNotHeld.
+func (s *SessionBackend) hold(op string, r dlock.Request) (*session, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h := s.held[r.Key]
+	if h == nil || h.token != r.Token || (r.Fence != 0 && h.fence != r.Fence) {
+		return nil, fmt.Errorf("pglock: %s: %w", op, dlock.ErrNotHeld)
+	}
+	return h, nil
+}
+
+// Refresh checks that the lock's session is alive and still the same
+// server process, and sets the session's idle timeout to r.TTL. The lock
+// lives as long as the session; the server ends a session idle for its
+// timeout, and the backend closes one whose renewal has not succeeded
+// within the TTL after the last success, so no lock outlives its lease by
+// more than a TTL. The check runs on its own: a caller whose context ends
+// returns at once while the check goes on (cutting the statement short
+// would close the connection and end the session). A session that ended
+// is reported with its error, not ErrNotHeld (whether the server already
+// noticed is unknown: the lease ends when it could have expired); a
+// changed server process with an error matching dlock.ErrNotHeld.
+func (s *SessionBackend) Refresh(ctx context.Context, r dlock.Request) error {
+	if err := s.b.enter(ctx); err != nil {
+		return err
+	}
+	if err := checkTTL(r.TTL); err != nil {
+		return err
+	}
+	h, err := s.hold("refresh", r)
+	if err != nil {
+		return err
+	}
+	return h.renew(ctx, s.b.stmts.sessionPing, r.TTL)
+}
+
+// renew runs one renewal (or joins the one running) and waits for it or
+// for ctx.
+func (h *session) renew(ctx context.Context, stmt string, ttl time.Duration) error {
+	h.mu.Lock()
+	if h.dead != nil {
+		h.mu.Unlock()
+		return fmt.Errorf("pglock: refresh: the session ended: %w", h.dead)
+	}
+	done := h.inflight
+	if done == nil {
+		done = make(chan struct{})
+		h.inflight = done
+		h.ttl = max(h.ttl, ttl)
+		deadline := h.lastOK.Add(h.ttl)
+		go h.ping(stmt, deadline, done)
+	}
+	h.mu.Unlock()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		return wrap("refresh", ctx.Err())
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.pingErr
+}
+
+// ping checks the session, bounded by deadline (the lease's validity).
+// Holding h.mu keeps other statements off the connection meanwhile.
+func (h *session) ping(stmt string, deadline time.Time, done chan struct{}) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	defer close(done)
+	h.inflight = nil
+	if h.dead != nil { // released, or failed, while this renewal waited
+		h.pingErr = fmt.Errorf("pglock: refresh: the session ended: %w", h.dead)
+		return
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	start := time.Now()
+	var pid int32
+	err := h.conn.QueryRow(ctx, stmt, idleTimeout(h.ttl)).Scan(&pid, nil)
+	switch {
+	case err != nil:
+		h.fail(err)
+		h.pingErr = wrap("refresh", err)
+	case pid != h.pid:
+		h.pingErr = fmt.Errorf("pglock: refresh: %w: the connection moved from server process %d to %d; session mode needs a session of its own (a transaction-pooling proxy is in the way)", dlock.ErrNotHeld, h.pid, pid)
+	default:
+		h.lastOK, h.pingErr = start, nil
+	}
+}
+
+// idleTimeout is a TTL as a value of idle_session_timeout (milliseconds,
+// rounded up).
+func idleTimeout(ttl time.Duration) string {
+	return strconv.FormatInt(int64((ttl+time.Millisecond-1)/time.Millisecond), 10)
+}
+
+// Release gives up one hold; the last unlocks the session lock, wakes the
+// oldest live waiter (one statement) and returns the connection to the
+// pool. When r.Token does not hold the lock it returns an error matching
+// dlock.ErrNotHeld and changes nothing.
+func (s *SessionBackend) Release(ctx context.Context, r dlock.Request) error {
+	if err := s.b.enter(ctx); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	h := s.held[r.Key]
+	if h == nil || h.token != r.Token || (r.Fence != 0 && h.fence != r.Fence) {
+		s.mu.Unlock()
+		return fmt.Errorf("pglock: release: %w", dlock.ErrNotHeld)
+	}
+	if h.count > 1 {
+		h.count--
+		s.mu.Unlock()
+		return nil
+	}
+	delete(s.held, r.Key)
+	s.mu.Unlock()
+	return h.unlock(ctx, s.b.stmts.sessionUnlock)
+}
+
+// unlock releases the session lock and the connection.
+func (h *session) unlock(ctx context.Context, stmt string) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.dead != nil {
+		err := fmt.Errorf("pglock: release: %w: the session ended, and with it the lock: %v", dlock.ErrNotHeld, h.dead)
+		h.dead = errReleased
+		h.conn.Release()
+		return err
+	}
+	var ok bool
+	err := h.conn.QueryRow(ctx, stmt, h.key).Scan(&ok, nil, nil)
+	if err != nil {
+		// Closing the connection ends the session: the server releases
+		// the lock.
+		h.fail(err)
+		h.dead = errReleased
+		h.conn.Release()
+		if sessionEnded(err) {
+			return fmt.Errorf("pglock: release: %w: the session ended, and with it the lock: %v", dlock.ErrNotHeld, err)
+		}
+		return wrap("release", err)
+	}
+	h.dead = errReleased
+	h.conn.Release()
+	if !ok {
+		return fmt.Errorf("pglock: release: %w: the session did not hold the lock (a transaction-pooling proxy is in the way?)", dlock.ErrNotHeld)
+	}
+	return nil
+}
+
+// fail records that the connection failed and closes it, ending the
+// session; when the server ended the session (or the connection was
+// reset), the lock is certainly released and the loss is reported at
+// once. Caller holds h.mu.
+func (h *session) fail(err error) {
+	if h.dead != nil {
+		return
+	}
+	h.dead = err
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	_ = h.conn.Conn().Close(ctx)
+	cancel()
+	if !sessionEnded(err) {
+		return
+	}
+	for _, fn := range h.onEnd {
+		go fn(fmt.Errorf("%w: the lock's session ended: %v", dlock.ErrLost, err))
+	}
+	h.onEnd = nil
+}
+
+// sessionEnded reports whether err says the server ended the session (or
+// the connection is gone), rather than a timeout that leaves it unknown.
+func sessionEnded(err error) bool {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return strings.HasPrefix(pe.Code, "57P") || pe.Severity == "FATAL"
+	}
+	return !pgconn.Timeout(err) && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled)
+}
+
+func (h *session) alive() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.dead == nil
+}
+
+// NotifyLoss calls fn once when r's session is found ended by the server
+// (terminated, restarted, connection reset), at the renewal or release
+// that finds it. A session cut off by a timeout is not reported here: the
+// lease then ends when it could have expired.
+func (s *SessionBackend) NotifyLoss(r dlock.Request, fn func(cause error)) (stop func()) {
+	h, err := s.hold("notify", r)
+	if err != nil {
+		return func() {}
+	}
+	// A flag, not a sync.Once: fn's caller may call stop from inside fn.
+	var done atomic.Bool
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.onEnd = append(h.onEnd, func(cause error) {
+		if done.CompareAndSwap(false, true) {
+			fn(cause)
+		}
+	})
+	return func() { done.Store(true) }
+}
+
+// Inspect returns whether a session holds the lock, its fence and owner
+// (from the holder session's application_name: an owner longer than the
+// name's 63 bytes allow is cut), the hold count when the lock is held
+// through this SessionBackend, and the number of live waiters. TTL is 0:
+// the lock lives as long as its session.
+func (s *SessionBackend) Inspect(ctx context.Context, key string) (dlock.Info, error) {
+	if err := s.b.enter(ctx); err != nil {
+		return dlock.Info{}, err
+	}
+	var (
+		pid     *int32
+		app     string
+		waiters int64
+	)
+	if err := s.b.pool.QueryRow(ctx, s.b.stmts.sessionInspect, key).Scan(&pid, &app, &waiters); err != nil {
+		return dlock.Info{}, wrap("inspect", err)
+	}
+	info := dlock.Info{Key: key, Held: pid != nil, Waiters: int(waiters)}
+	if !info.Held {
+		return info, nil
+	}
+	// "dlock FENCE TOKEN", set by the holder's session at the grant.
+	if f := strings.SplitN(app, " ", 3); len(f) == 3 && f[0] == "dlock" {
+		info.Fence, _ = strconv.ParseUint(f[1], 10, 64)
+		info.Owner = f[2]
+	} else {
+		info.Owner = fmt.Sprintf("server process %d", *pid)
+	}
+	s.mu.Lock()
+	if h := s.held[key]; h != nil && h.fence == info.Fence {
+		info.Owner, info.Count = h.token, h.count
+	}
+	s.mu.Unlock()
+	return info, nil
+}
+
+// ForceRelease ends the session holding the lock (pg_terminate_backend;
+// the server then releases the lock and the holder learns of the loss at
+// its next renewal) and wakes the oldest live waiter. Held is false when
+// no session held it.
+func (s *SessionBackend) ForceRelease(ctx context.Context, key string) (dlock.Info, error) {
+	info, err := s.Inspect(ctx, key)
+	if err != nil || !info.Held {
+		return info, err
+	}
+	rows, err := s.b.pool.Query(ctx, s.b.stmts.sessionTerminate, key)
+	if err != nil {
+		return dlock.Info{}, wrap("force release", err)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return dlock.Info{}, wrap("force release", err)
+	}
+	info.Waiters = -1
+	return info, nil
+}
+
+// Subscribe is Backend.Subscribe: releases wake the oldest live waiter.
+func (s *SessionBackend) Subscribe(ctx context.Context, key string) (<-chan struct{}, func(), error) {
+	return s.b.Subscribe(ctx, key)
+}
+
+// Close ends the sessions of locks still held (the server releases them)
+// and closes the listener. It does not close the pool.
+func (s *SessionBackend) Close() error {
+	s.mu.Lock()
+	held := s.held
+	s.held = make(map[string]*session)
+	s.mu.Unlock()
+	for _, h := range held {
+		h.mu.Lock()
+		if h.dead == nil {
+			h.fail(errClosed)
+		}
+		if h.dead != errReleased {
+			h.conn.Release()
+		}
+		h.mu.Unlock()
+	}
+	return s.b.Close()
+}
