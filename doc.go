@@ -120,6 +120,12 @@
 //	                               back to a majority
 //	etcd               etcdlock    create revision            FIFO, watch predecessor  lease expired/revoked, key deleted
 //	ZooKeeper          zklock      czxid                      FIFO, watch predecessor  session expired, node deleted
+//	PostgreSQL         pglock      a sequence                 LISTEN/NOTIFY, one       no renewal until Expires;
+//	 (lease table or                                          waiter woken per release session mode: session ended
+//	 session advisory)
+//
+// Semaphores, read-write locks and leader election run on memlock so far;
+// the other backends answer errors.ErrUnsupported.
 //
 // Every backend passes the conformance suite in package dlocktest against
 // a real server.

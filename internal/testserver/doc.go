@@ -1,6 +1,6 @@
-// Package testserver starts real redis-server, etcd and ZooKeeper processes on
-// free loopback ports, each in its own temporary directory, for tests and for
-// demos. It never mocks a server: every Start function returns only after the
+// Package testserver starts real redis-server, etcd, ZooKeeper and
+// PostgreSQL processes on free loopback ports, each in its own temporary
+// directory, for tests and for demos. It never mocks a server: every Start function returns only after the
 // server answers its own protocol (Redis PING over RESP, etcd GET /health,
 // a ZooKeeper session handshake), or an error that ends with the tail of the
 // server's log.
