@@ -35,6 +35,7 @@ type Client struct {
 	leases    map[*Lease]struct{}
 	owned     map[ownerKey]*holdGroup
 	pending   map[*time.Timer]struct{} // releases due at the end of a minimum hold
+	hot       map[string]time.Time     // keys waited for in a queue lately, until when
 	renew     leaseHeap                // auto-renewed leases by next renewal
 	expiry    leaseHeap                // other leases by expiry
 	timer     *time.Timer              // runs tick; see watchdog.go
@@ -54,6 +55,7 @@ func New(b Backend, opts ...Option) *Client {
 		leases:  make(map[*Lease]struct{}),
 		owned:   make(map[ownerKey]*holdGroup),
 		pending: make(map[*time.Timer]struct{}),
+		hot:     make(map[string]time.Time),
 	}
 	c.closeCtx, c.stopAll = context.WithCancel(context.Background())
 	c.closing = c.closeCtx.Done()
@@ -272,12 +274,63 @@ func (c *Client) acquireWait(ctx context.Context, req Request, cfg config) (*Lea
 	// The server-side queue serves FIFO requests, and every wait on a
 	// backend that cannot notify releases (the queue is how it waits).
 	if _, waits := cfg.wait.Delay(1); waits && c.waiter != nil && (req.FIFO || c.notifier == nil) {
-		l, err, fallback := c.acquireQueued(ctx, req, cfg)
+		tried := 0
+		if !req.FIFO && !c.contended(req.Key) {
+			// A key nobody queued for lately: one plain attempt first, on
+			// the caller's context (a queue wait needs one Close can end,
+			// which costs the backend more), and the queue only if it
+			// is held.
+			invoke := time.Now()
+			g, err := c.b.TryAcquire(ctx, req)
+			if len(cfg.observers) > 0 {
+				observe(ctx, cfg.observers, Event{Kind: EventAttempt, Key: req.Key, Attempt: 1, Granted: g.OK, HolderTTL: g.HolderTTL, Err: err})
+			}
+			switch {
+			case err != nil && ended(ctx):
+				return nil, ctxAcquireError(req.Key, 1, ctx, err)
+			case err != nil:
+				return nil, wrapOp("acquire", req.Key, err)
+			case g.OK:
+				return c.grant(ctx, req, g, invoke, cfg, 1)
+			}
+			tried = 1
+		}
+		c.markContended(req.Key)
+		l, err, fallback := c.acquireQueued(ctx, req, cfg, tried)
 		if !fallback {
 			return l, err
 		}
 	}
 	return c.acquireLoop(ctx, req, cfg)
+}
+
+// contendedFor is how long a key stays marked contended after a queue
+// wait for it: acquisitions of a contended key join the queue at once.
+const contendedFor = 2 * time.Second
+
+// contended reports whether key was waited for in a queue lately.
+func (c *Client) contended(key string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t, ok := c.hot[key]
+	return ok && time.Now().Before(t)
+}
+
+// markContended records a queue wait for key.
+func (c *Client) markContended(key string) {
+	now := time.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.hot) >= 4096 {
+		for k, t := range c.hot {
+			if !now.Before(t) {
+				delete(c.hot, k)
+			}
+		}
+	}
+	if len(c.hot) < 8192 {
+		c.hot[key] = now.Add(contendedFor)
+	}
 }
 
 // token is the owner id, or a new random token.
@@ -376,7 +429,8 @@ func (c *Client) acquireLoop(ctx context.Context, req Request, cfg config) (*Lea
 // acquireQueued waits in the backend's server-side queue, bounded by the
 // strategy's patience. fallback reports that the backend offers no queue
 // for this request (errors.ErrUnsupported) and the retry loop must be used.
-func (c *Client) acquireQueued(ctx context.Context, req Request, cfg config) (l *Lease, err error, fallback bool) {
+// tried counts the attempts made before (reported as the attempts so far).
+func (c *Client) acquireQueued(ctx context.Context, req Request, cfg config, tried int) (l *Lease, err error, fallback bool) {
 	wctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	stop := context.AfterFunc(c.closeCtx, func() { cancel(ErrClosed) })
@@ -396,7 +450,7 @@ func (c *Client) acquireQueued(ctx context.Context, req Request, cfg config) (l 
 		return nil, nil, true
 	}
 	// As in the retry loop: the last attempt, then the end of the wait.
-	observe(ctx, cfg.observers, Event{Kind: EventAttempt, Key: req.Key, Attempt: 1, Granted: err == nil && g.OK, Err: err})
+	observe(ctx, cfg.observers, Event{Kind: EventAttempt, Key: req.Key, Attempt: tried + 1, Granted: err == nil && g.OK, Err: err})
 	observe(ctx, cfg.observers, Event{Kind: EventWaitEnd, Key: req.Key})
 	switch {
 	case err == nil && g.OK:
@@ -422,14 +476,14 @@ func (c *Client) acquireQueued(ctx context.Context, req Request, cfg config) (l 
 			cancel()
 			g.TTL = 0
 		}
-		l, err := c.grant(ctx, req, g, invoke, cfg, 1)
+		l, err := c.grant(ctx, req, g, invoke, cfg, tried+1)
 		return l, err, false
 	case ended(ctx):
-		return nil, ctxAcquireError(req.Key, 1, ctx, err), false
+		return nil, ctxAcquireError(req.Key, tried+1, ctx, err), false
 	case errors.Is(context.Cause(wctx), ErrClosed):
 		return nil, wrapOp("acquire", req.Key, ErrClosed), false
 	case ended(wctx) || err == nil:
-		return nil, &AcquireError{Key: req.Key, Attempts: 1}, false
+		return nil, &AcquireError{Key: req.Key, Attempts: tried + 1}, false
 	default:
 		return nil, wrapOp("acquire", req.Key, err), false
 	}

@@ -113,11 +113,10 @@
 //
 //	backend            package     fence                      waiting                  lost when
 //	in-process         memlock     Store counter              notify, FIFO queue       TTL runs out unrenewed
-//	Redis (1 node,     redislock   max(counter+1, TIME µs)    pub/sub notify;          renewal finds another owner,
-//	 Sentinel, Cluster)                                       WithFIFO: queue with     or no renewal until Expires
-//	                                                          server-side hand-off
-//	Redlock (N nodes)  redlock     max over quorum, written   pub/sub on every node    no quorum renewal until Expires
-//	                               back to a majority
+//	Redis (1 node,     redislock   server TIME µs, above a    FIFO queue, release      renewal finds another owner,
+//	 Sentinel, Cluster)            tombstone's fence          hands over to one        or no renewal until Expires
+//	Redlock (N nodes)  redlock     max over quorum, adopted   retry on notifications   no quorum renewal until Expires
+//	                               by the granting nodes      from every node
 //	etcd               etcdlock    create revision            FIFO, watch predecessor  lease expired/revoked, key deleted
 //	ZooKeeper          zklock      czxid                      FIFO, watch predecessor  session expired, node deleted
 //	PostgreSQL         pglock      a sequence                 LISTEN/NOTIFY, one       no renewal until Expires;
