@@ -95,7 +95,7 @@ func (h *floorHeld) lost() bool { return false }
 func fencedFloorSubject() *subject {
 	return &subject{
 		id:       "fenced-floor",
-		name:     "fenced floor: 5-call Lua acquire + 2-call Lua release",
+		name:     "fenced floor: 2-call Lua acquire + 2-call Lua release",
 		role:     roleFloor,
 		server:   srvRedis,
 		waitMode: "polls every 2 ms",
@@ -219,9 +219,9 @@ func dlockRedisSubject(fifo bool) *subject {
 		role:     roleDlock,
 		server:   srvRedis,
 		renews:   true,
-		waitMode: "pub/sub notification",
+		waitMode: "server-side queue, one targeted hand-off per release",
 		serverKeys: func(e *env, prefix string) (int, error) {
-			return scanCount(e.a.Redis, redislock.DefaultPrefix+"{"+prefix+"*", "hash")
+			return scanCount(e.a.Redis, redislock.DefaultPrefix+"{"+prefix+"*", "string")
 		},
 	}
 	var perCall []dlock.Option

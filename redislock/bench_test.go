@@ -124,7 +124,7 @@ func BenchmarkRawSetNXRelease(b *testing.B) {
 // BenchmarkFencedFloor is a second baseline: package fencedfloor's
 // Acquire and Release scripts with a fresh random token per acquisition, two round
 // trips. Its gap to BenchmarkRawSetNXRelease is the price of the fencing
-// token (server TIME and the counter) and of scripted acquisition; the gap
+// token (server TIME in a one-string lock) and of scripted acquisition; the gap
 // from it to BenchmarkAcquireRelease is what this package adds.
 func BenchmarkFencedFloor(b *testing.B) {
 	rdb := newRDB(b, srv.Addr())
@@ -218,10 +218,10 @@ func BenchmarkInterleaved(b *testing.B) {
 }
 
 // Scripts of BenchmarkFenceCost: SET NX PX inside a script, then with one
-// more call — a fence from TIME alone, or from a counter alone. Neither
-// fence is enough (TIME alone repeats within a µs and steps back with the
-// clock; a counter alone restarts after DEL or a restart without
-// persistence): they only split the cost of the fence redislock issues.
+// more call — a fence from TIME alone (what redislock issues, with the
+// argument of its doc.go that no key is granted twice in a µs), or from a
+// counter alone (which restarts after DEL or a restart without
+// persistence, so not enough).
 var (
 	scriptedSet = redis.NewScript(`return redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])`)
 	timeFence   = redis.NewScript(`
@@ -244,15 +244,15 @@ return {1, redis.call('INCR', KEYS[2])}`)
 //	×time     the same script plus TIME (a fence from the clock alone)
 //	×counter  the same script plus INCR of a counter (a fence from a counter alone)
 //	×minimal  fencedfloor.Minimal: SET NX PX, TIME, SET ... GET of the counter —
-//	          the least that issues max(counter+1, server TIME in µs)
-//	×fenced   fencedfloor: redislock's key layout (a hash with a TTL)
+//	          the earlier layout's fence, max(counter+1, server TIME in µs)
+//	×fenced   fencedfloor: redislock's layout (one string: TIME, SET NX PX
+//	          GET; release GET, DEL)
 //	×dlock    dlock.New(redislock.New(rdb)), as BenchmarkAcquireRelease
 //
 // All but ×fenced and ×dlock release with the raw loop's compare-and-delete.
 // On Redis 7.0.15 and 2 shared cores (2026-11-30), each redis.call added to
-// a script cost about 6% of the raw loop's ops/s: ×minimal was 0.84–0.85,
-// so no client can make a lock with this fence reach 0.9× the raw loop
-// there.
+// a script cost about 6% of the raw loop's ops/s: the earlier layout's
+// ×minimal was 0.84–0.85. The one-string layout needs no counter call.
 func BenchmarkFenceCost(b *testing.B) {
 	rdb := newRDB(b, srv.Addr())
 	ctx := context.Background()
@@ -331,5 +331,70 @@ func BenchmarkFenceCost(b *testing.B) {
 	b.ReportMetric(float64(spent[0])/float64(b.N)/1e3, "raw-µs")
 	for j := 1; j < len(ops); j++ {
 		b.ReportMetric(float64(spent[0])/float64(spent[j]), "×"+names[j])
+	}
+}
+
+// BenchmarkBackendCycle is one TryAcquire and one Release on the Backend
+// itself (no dlock.Client), with a context that cannot end (the call runs
+// on the caller's goroutine) and with one that can (the call runs on a
+// helper goroutine, see New): what honouring a cancellation costs.
+func BenchmarkBackendCycle(b *testing.B) {
+	for _, cancellable := range []bool{false, true} {
+		name := "Background"
+		if cancellable {
+			name = "Cancellable"
+		}
+		b.Run(name, func(b *testing.B) {
+			bk := newBackend(b, newRDB(b, srv.Addr()))
+			ctx := context.Background()
+			if cancellable {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithCancel(ctx)
+				defer cancel()
+			}
+			r := req(key(b), 30*time.Second)
+			for b.Loop() {
+				g, err := bk.TryAcquire(ctx, r)
+				if err != nil || !g.OK {
+					b.Fatal(g, err)
+				}
+				r.Fence = g.Fence
+				if err := bk.Release(ctx, r); err != nil {
+					b.Fatal(err)
+				}
+				r.Fence = 0
+			}
+		})
+	}
+}
+
+// BenchmarkClientCycle is one uncontended Acquire (which waits in the
+// queue when it must: Backend.Wait) or TryAcquire (one attempt) and its
+// Release through a dlock.Client.
+func BenchmarkClientCycle(b *testing.B) {
+	for _, try := range []bool{false, true} {
+		name := "Acquire"
+		if try {
+			name = "TryAcquire"
+		}
+		b.Run(name, func(b *testing.B) {
+			c := dlock.New(redislock.New(newRDB(b, srv.Addr())))
+			b.Cleanup(func() { c.Close() })
+			ctx := context.Background()
+			k := key(b)
+			for b.Loop() {
+				acquire := c.Acquire
+				if try {
+					acquire = c.TryAcquire
+				}
+				l, err := acquire(ctx, k)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := l.Release(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }

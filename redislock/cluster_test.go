@@ -84,7 +84,7 @@ func clusterKeys(t *testing.T, rdb *redis.ClusterClient, cluster *testserver.Clu
 	slots := map[int64]bool{}
 	for _, k := range keys {
 		lock := b.LockName(k)
-		names := []string{lock, lock + ":fence", lock + ":rel", lock + ":q", lock + ":hb"}
+		names := []string{lock, lock + ":rel", lock + ":q", lock + ":w:" + "member"}
 		var want int64 = -1
 		for _, n := range names {
 			slot, err := rdb.ClusterKeySlot(ctx, n).Result()
@@ -123,8 +123,8 @@ func clusterKeys(t *testing.T, rdb *redis.ClusterClient, cluster *testserver.Clu
 			t.Fatalf("Release %q: %v", r.Key, err)
 		}
 	}
-	// Notifications reach the one shared subscription whatever node the
-	// lock lives on (PUBLISH is broadcast over the cluster bus).
+	// Hand-off messages reach the one shared subscription whatever node
+	// the lock lives on (PUBLISH is broadcast over the cluster bus).
 	c := newClient(t, rdb, dlock.WithWait(dlock.Constant(10*time.Second)))
 	rdb2 := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs()})
 	t.Cleanup(func() { rdb2.Close() })
@@ -142,9 +142,8 @@ func clusterKeys(t *testing.T, rdb *redis.ClusterClient, cluster *testserver.Clu
 			}
 			got <- err
 		}()
-		waitFor(t, 5*time.Second, "the waiter to subscribe", func() bool {
-			m := rdb.PubSubNumSub(ctx, b.LockName(k)+":rel").Val()
-			return m[b.LockName(k)+":rel"] > 0
+		waitFor(t, 5*time.Second, "the waiter to queue", func() bool {
+			return rdb.ZCard(ctx, b.LockName(k)+":q").Val() > 0
 		})
 		released := time.Now()
 		if err := h.Release(ctx); err != nil {

@@ -25,8 +25,9 @@ import (
 //
 // BenchmarkContention has 16 workers take one key in turn, each with its
 // own go-redis client, Backend and dlock.Client (as 16 processes would
-// have), holding the lock ≈100µs, in FIFO mode (dlock.WithFIFO), and, in
-// the same run, the polling baseline: SET key token NX PX, 2ms sleep
+// have), holding the lock ≈100µs, with default options and with
+// dlock.WithFIFO (both wait in the server-side queue), and, in the same
+// run, the polling baseline: SET key token NX PX, 2ms sleep
 // between tries, compare-and-delete release (what redsync and
 // bsm/redislock do). It reports per run:
 //
@@ -45,11 +46,14 @@ import (
 //	p99/ideal    their ratio (target ≤ 2)
 //	server-cpu-µs/acq  the redis-server's CPU time per acquisition (all
 //	             its threads; commands, scripts, heartbeats, network I/O)
+//	server-cmds/acq  commands the server ran per acquisition (INFO
+//	             commandstats, redis.calls inside scripts included; target ≤ 15)
 //	subs         SUBSCRIBE/UNSUBSCRIBE commands the server ran during the
 //	             measured part (INFO commandstats; pub/sub commands bypass
 //	             go-redis hooks): the wake channels are subscribed during
 //	             the warm-up, once per Backend, so this should be 0
 func BenchmarkContention(b *testing.B) {
+	b.Run("Default", func(b *testing.B) { contention(b, defaultWorker) })
 	b.Run("FIFO", func(b *testing.B) { contention(b, fifoWorker) })
 	b.Run("PollingSetNX", func(b *testing.B) { contention(b, pollWorker) })
 }
@@ -81,6 +85,18 @@ type lockFunc func(ctx context.Context) (release func() error, err error)
 
 // newWorker makes one worker's lock function on its own connection.
 type newWorker func(b *testing.B, rdb *redis.Client, key string) lockFunc
+
+func defaultWorker(b *testing.B, rdb *redis.Client, key string) lockFunc {
+	c := dlock.New(redislock.New(rdb))
+	b.Cleanup(func() { c.Close() })
+	return func(ctx context.Context) (func() error, error) {
+		l, err := c.Acquire(ctx, key)
+		if err != nil {
+			return nil, err
+		}
+		return func() error { return l.Release(ctx) }, nil
+	}
+}
 
 func fifoWorker(b *testing.B, rdb *redis.Client, key string) lockFunc {
 	c := dlock.New(redislock.New(rdb), dlock.WithFIFO())
@@ -118,14 +134,30 @@ func pollWorker(b *testing.B, rdb *redis.Client, key string) lockFunc {
 // pubsubCommands returns the SUBSCRIBE and UNSUBSCRIBE commands the server
 // has run.
 func pubsubCommands(b *testing.B, rdb *redis.Client) int {
+	return commandCalls(b, rdb, "cmdstat_subscribe:calls=", "cmdstat_unsubscribe:calls=")
+}
+
+// serverCommands returns every command the server has run (INFO
+// commandstats: scripts' redis.calls included).
+func serverCommands(b *testing.B, rdb *redis.Client) int {
+	return commandCalls(b, rdb, "")
+}
+
+// commandCalls sums the calls of the commandstats lines starting with
+// one of prefixes ("" for all).
+func commandCalls(b *testing.B, rdb *redis.Client, prefixes ...string) int {
 	stats, err := rdb.Info(context.Background(), "commandstats").Result()
 	if err != nil {
 		b.Fatal(err)
 	}
 	n := 0
 	for _, line := range strings.Split(stats, "\n") {
-		for _, cmd := range []string{"cmdstat_subscribe:calls=", "cmdstat_unsubscribe:calls="} {
-			if rest, ok := strings.CutPrefix(line, cmd); ok {
+		for _, p := range prefixes {
+			if !strings.HasPrefix(line, "cmdstat_") || !strings.HasPrefix(line, p) {
+				continue
+			}
+			_, rest, ok := strings.Cut(line, "calls=")
+			if ok {
 				v, _ := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
 				n += v
 			}
@@ -156,6 +188,7 @@ func contention(b *testing.B, mk newWorker) {
 		hooks[i].n.Store(0)
 	}
 	subsBefore := pubsubCommands(b, admin)
+	cmdsBefore := serverCommands(b, admin)
 	serverBefore := testserver.CPUTime(srv.PID())
 
 	var (
@@ -214,6 +247,7 @@ func contention(b *testing.B, mk newWorker) {
 		b.Fatal(err)
 	}
 	subs := pubsubCommands(b, admin) - subsBefore
+	cmds := serverCommands(b, admin) - cmdsBefore
 	server := testserver.CPUTime(srv.PID()) - serverBefore
 
 	acq, reqs := 0, int64(0)
@@ -254,6 +288,7 @@ func contention(b *testing.B, mk newWorker) {
 	b.ReportMetric(float64(ideal)/1e6, "ideal-ms")
 	b.ReportMetric(float64(p99)/float64(ideal), "p99/ideal")
 	b.ReportMetric(float64(subs), "subs")
+	b.ReportMetric(float64(cmds)/float64(acq), "server-cmds/acq")
 	b.ReportMetric(float64(acq)/elapsed.Seconds(), "acq/s")
 	b.ReportMetric(float64(server.Nanoseconds())/1e3/float64(acq), "server-cpu-µs/acq")
 }

@@ -7,86 +7,205 @@
 //	defer c.Close()
 //
 // The Backend does one round trip per operation and holds no policy: the
-// dlock.Client waits, renews and reports lost leases.
+// dlock.Client waits, renews and reports lost leases. Redis 7.0 or later
+// is required (SET ... NX GET, PEXPIRE ... GT, GETDEL).
 //
 // # Keys
 //
 // A lock on KEY uses these names, which share the Redis Cluster hash tag
 // {KEY}, so they live in one slot and the scripts may touch them together:
 //
-//	dlock:{KEY}        the lock: a hash {owner, count, fence[, wait][, claim]}
-//	                   whose TTL is the lease's; owner is the owner token,
-//	                   count the reentrant hold count, fence the grant's
-//	                   fencing token, wait a flag set when someone found it
-//	                   held, claim a flag set while a lock handed to a FIFO
-//	                   waiter is not claimed yet
-//	dlock:{KEY}:fence  the fence counter: the last fence issued for KEY, a
-//	                   string with no TTL (one per key ever locked)
-//	dlock:{KEY}:q      the FIFO queue (only while FIFO waiters wait): a
-//	                   sorted set of waiters by arrival number
-//	dlock:{KEY}:hb     the FIFO waiters' heartbeats: a sorted set of the
-//	                   same waiters by deadline (server time, ms); both
-//	                   expire after twice the waiter TTL without a heartbeat
-//	dlock:{KEY}:rel    the release channel, PUBLISHed to when the lock is
-//	                   freed while someone waits for it (without WithFIFO)
-//	dlock:wake:ID      a Backend's wake channel (ID: 26 random characters,
-//	                   one per Backend): a release that hands the lock to
-//	                   one of this Backend's FIFO waiters PUBLISHes here
+//	dlock:{KEY}           the lock: one string (below) whose TTL is the
+//	                      lease's deadline
+//	dlock:{KEY}:q         the queue (only while someone waits): a sorted
+//	                      set of waiters by arrival (server µs)
+//	dlock:{KEY}:w:MEMBER  one waiter's heartbeat: its deadline (server ms),
+//	                      expiring at that deadline
+//	dlock:{KEY}:rel       the release channel, PUBLISHed to when a lock that
+//	                      a TryAcquire found held is freed (Watch)
+//	dlock:wake:ID         a Backend's wake channel (ID: 26 random
+//	                      characters, one per Backend): a release that hands
+//	                      the lock to one of this Backend's waiters
+//	                      PUBLISHes here
 //
-// The prefix "dlock:" is set with WithPrefix. A key that starts with '}'
-// or '\' gets a leading '\' inside the braces (an empty tag would split
-// the names over several slots). Backend.LockName returns the lock's name.
+// The lock's value is "FENCE:COUNT:FLAGS:AHEAD:TOKEN": the grant's fence,
+// the hold count, flags (w: a TryAcquire found it held; q: waiters may be
+// queued; c: handed to a waiter, not yet confirmed), how many ms the fence
+// runs ahead of the server clock (normally 0), and the owner token. A
+// COUNT of 0 is a tombstone: a free lock whose next fence must exceed
+// FENCE (see Fencing). The prefix "dlock:" is set with WithPrefix. A key
+// that starts with '}' or '\' gets a leading '\' inside the braces (an
+// empty tag would split the names over several slots). Backend.LockName
+// returns the lock's name.
 //
-// # Scripts
+// # Scripts and cost
 //
 // Each operation is one Lua script, in the .lua files of this package
-// (embedded with go:embed; fence.lua and queue_lib.lua hold the functions
-// several share and are included where a script needs them, after its
-// fast path), run with EVALSHA and, when the server answers NOSCRIPT
-// (after a restart or SCRIPT FLUSH), again with the source. Every
-// redis.call inside a script costs 1–2 µs of server time on Redis 7.0, so
-// the common cases are short: taking a free lock nobody queues for makes
-// five calls (EXISTS of the lock and its queue, TIME, SET ... GET of the
-// counter, HSET, PEXPIRE), releasing it two (HMGET, DEL):
+// (embedded with go:embed; lib.lua and queue_lib.lua hold the functions
+// several share and are included where a script needs them), run with
+// EVALSHA and, after NOSCRIPT, with the source. Every redis.call inside a
+// script costs 1–2 µs of server time on Redis 7.0, so the common cases
+// make the fewest calls the guarantees allow. Server commands per
+// operation, counted by INFO commandstats (EVALSHA included):
 //
-//   - acquire.lua takes a free lock (new hash, count 1, a new fence),
-//     re-enters one the token holds (count + 1, same fence, TTL refreshed)
-//     or reports the holder's PTTL, which bounds the waiter's next wait; a
-//     free lock with live FIFO waiters goes to the first of them instead;
-//   - release.lua compares the owner token (and the grant's fence), then
-//     decrements the count, or hands the lock to the first live FIFO
-//     waiter, or deletes it, PUBLISHing on the release channel if an
-//     attempt found the lock held meanwhile;
-//   - refresh.lua compares the owner token and fence and sets the TTL;
+//	uncontended acquire       3  EVALSHA, TIME, SET NX PX GET
+//	uncontended release       3  EVALSHA, GET, DEL
+//	refresh                   3  EVALSHA, GET, PEXPIRE GT
+//	wait behind a holder      6  EVALSHA, GET, TIME, ZADD NX, SET (heartbeat),
+//	                             PEXPIRE (queue); +1 SET to flag the lock
+//	release to a waiter       7  EVALSHA, GET, TIME, ZPOPMIN, GETDEL
+//	                             (heartbeat), SET (lock), PUBLISH
+//
+// so an uncontended acquire+release costs 6 (the earlier layout, a hash
+// and a permanent fence counter, cost 9) and a contended acquisition
+// (wait, hand-off) 13–14. Measured on Redis 7.0.15, 2 shared cores, load
+// average 1–6 (docs/BENCHMARKS.md and docs/bench/redis-layout.md):
+//
+//	BenchmarkFenceCost        these scripts alone (×fenced) 0.91× the raw
+//	                          SET NX PX loop; the earlier fence 0.86×
+//	S1, one goroutine         6.00 server commands per cycle; the same
+//	                          scripts alone 0.98× the raw floor; through
+//	                          dlock.Client 0.61× the floor, 0.54×
+//	                          bsm/redislock (Go-side work, below)
+//	S3, 16 clients, one key   default options: 3,701 hand-offs/s, 2.03×
+//	                          rueidislock, Jain 1.000, 2.00 requests and
+//	                          13.0 server commands per acquisition
+//	100,000 held locks        one key each, about 240 bytes of used_memory
+//
+// What keeps the Client's uncontended cycle below the raw floor is not
+// server work: a call whose context can end runs on a helper goroutine
+// (see Contexts), which the Client's waits always have; BenchmarkBackendCycle
+// and BenchmarkClientCycle measure it (103 µs per Backend cycle with a
+// context that cannot end, 158 µs with one that can; TryAcquire through
+// the Client 92 µs, Acquire 146 µs).
+//
+//   - acquire.lua takes a free lock (SET NX PX GET, count 1, fence: the
+//     server time), re-enters one the token holds when the request is
+//     reentrant (count + 1, same fence), confirms a hand-off, or reports
+//     the holder's PTTL;
+//   - release.lua compares the token (and the grant's fence), then
+//     decrements the count, or hands the lock to the first live waiter,
+//     or deletes it (or leaves a tombstone, see Fencing);
+//   - refresh.lua compares the token and fence and extends the deadline;
 //     RefreshMany sends one refresh per lease in ONE pipeline (one round
 //     trip per server; a ClusterClient splits it by node);
-//   - queue.lua is one step of a FIFO wait (join, heartbeat, claim), and
-//     leave.lua takes a waiter that gives up out of the queue;
+//   - queue.lua is one step of a wait (join, heartbeat, take), leave.lua
+//     takes a waiter that gives up out of the queue;
 //   - acquire_all.lua takes several locks of one slot, all or none;
-//   - inspect.lua reads a lock, or deletes it for ForceRelease.
+//   - inspect.lua reads a lock, or deletes it for ForceRelease;
+//   - agree.lua gives a grant another token and fence (Adopt, for redlock).
 //
-// Release and Refresh change nothing when the token does not hold the lock
-// and return an error matching dlock.ErrNotHeld. A lock or fence key that
-// holds another type of value (a user's list under the same name) is never
-// overwritten: the call fails with an error matching dlock.ErrWrongType that
-// names the key. So do the queue keys.
+// Reply codes are named in replies.go.
+//
+// # Lease model
+//
+// Deadlines never move back: a grant sets D = now + TTL; a re-entry, a
+// Refresh, a RefreshMany entry and a hand-off's confirmation set
+// D = max(D, now + TTL) (PEXPIRE ... GT), so a renewal carrying an older,
+// shorter TTL, a re-entry or a Refresh with a shorter TTL never shorten
+// the lock. Refresh and Release act only on the grant they came from: they
+// compare the token and, when the request carries one, the fence; on a
+// mismatch nothing changes and the error matches dlock.ErrNotHeld. Release
+// decrements the count; at 0 the lock goes to the first live waiter or is
+// deleted. A TryAcquire that is not reentrant is never granted a lock its
+// token holds already (holds of one Client are counted by the Client;
+// server-side counts are for Clients that share a dlock.WithOwner id). A
+// reentrant attempt whose reply was lost may have raised the count: the
+// leftover hold has no renewal of its own, so once the Clients release
+// their holds the lock is free no later than its deadline. An attempt
+// that is given up (its context ended) releases only its own grant (by
+// token and the fence its reply carried), never an earlier grant of the
+// same token; a waiter that leaves passes on only a lock handed to it and
+// not yet confirmed.
 //
 // # Fencing
 //
-// acquire.lua issues fence = max(last fence + 1, server TIME in µs) and
-// stores it in the fence counter. While the counter lives, fences strictly
-// increase. They stay strictly increasing when the counter is lost too
-// (DEL of every key, a restart without persistence, an older snapshot
-// restored, a failover to a replica that lagged): the next fence is at
-// least the server's time, and every fence issued before was at most the
-// server's time when it was issued. A fence runs ahead of the clock only
-// if a key is granted more than once per microsecond, which cannot happen:
-// each grant needs a release or an expiry in between, and every script
-// takes more than a microsecond. The assumption is that the server clock
-// (after a failover, the new primary's clock) never steps back by more
-// than the time between the last grant before the loss and the first one
-// after it. µs since 1970 stay exact in Lua's doubles (below 2^53) until
-// the year 2255.
+// A fresh grant's fence is the server time in µs (TIME inside the script),
+// raised above a tombstone's fence when there is one, and above the floor
+// a caller passes in Request.Fence (package redlock). It is stored in the
+// lock's value; there is no counter key. Fences of one key strictly
+// increase across release, expiry, DEL of every key and a restart without
+// persistence (or a failover to a replica that lost the lock) because:
+// each fence is at most the server time at its grant or was handed over
+// by a tombstone; two grants of one key are separated by at least one
+// other script (a release, a hand-off) or by an expiry (≥ 1 ms), and a
+// script takes more than a microsecond; a fence that runs ahead of the
+// clock (a redlock floor) is kept AHEAD ms: the lock lives at least that
+// long and its release leaves a tombstone for that long, after which the
+// server time is past it. The assumption: the server clock (after a
+// failover, the new primary's) never steps back between two grants of a
+// key; NTP slewing is harmless, a backward step of the clock by s can
+// reissue fences of the last s. µs since 1970 stay exact in Lua's doubles
+// (below 2^53) until the year 2255.
+//
+// # Nothing left behind
+//
+// Every key expires: the lock with the lease (a tombstone after AHEAD ms,
+// normally none), a heartbeat at its waiter's deadline (the waiter TTL),
+// the queue twice the waiter TTL after the last waiter's step. So no key
+// of a lock outlives its last lease by more than max(lease TTL, AHEAD,
+// 2 × waiter TTL): 0.8 s after the lease with the defaults, and
+// in every case within the lease TTL plus 60 s while the clocks of a
+// Redlock's nodes and clients are within 60 s of one another. The earlier
+// layout's permanent counters (PREFIX{KEY}:fence) are not read or written;
+// delete them when no client of an earlier version runs.
+//
+// # Rolling deploy
+//
+// A lock written by an earlier version of this package (a hash with an
+// owner field) is reported held to this version: TryAcquire returns its
+// PTTL, waiters queue behind it and re-check with every heartbeat, and
+// Release, Refresh and ForceRelease leave it alone. An earlier version
+// finds this version's string where it expects a hash and fails with a
+// wrong-type error, granting nothing. So no lock is granted twice during
+// a rolling deploy; the fences of the new grants are the server time,
+// above the earlier ones unless their counter ran ahead of the clock.
+//
+// # Waiting
+//
+// The Backend is a dlock.Waiter and not a dlock.Notifier: the Client
+// waits for every Acquire in the lock's server-side queue, with or without
+// dlock.WithFIFO. A release hands the lock, inside release.lua, to the
+// first live waiter (new fence, reserved for it for the waiter TTL) and
+// PUBLISHes on that waiter's Backend's wake channel only: one release wakes
+// one waiter, which holds the lock from that message on (it carries the
+// fence) and confirms it with its lease's first renewal or release
+// (without auto-renew: before Acquire returns); until then the lease's
+// Expires is the reservation's end. A contended acquisition costs two
+// requests (join, release) plus a heartbeat per WithWaiterTTL/4 of
+// waiting. Waiters heartbeat every WithWaiterTTL/4 (100ms by default);
+// a release skips waiters whose heartbeat expired, and a lock handed to a
+// waiter that died is free again after the waiter TTL, so a dead waiter
+// delays the others by at most the waiter TTL plus a quarter of it. A
+// waiter whose context ends leaves the queue at once, passing on a lock
+// it was just handed.
+//
+// Why a queue rather than a targeted notification: a notification, even
+// one per release, wakes a waiter that then needs a round trip to try,
+// while the releaser (which loops) tries at once and wins, so the lock
+// rarely changes hands. Polling peers show it: they hand the lock over in
+// about 1 of 10 acquisitions (S3). Measured in S3 (16 clients, one key,
+// hold 100 µs): the earlier broadcast notification mode made 1,768
+// hand-offs/s with 15.6 requests and 60 server commands per acquisition;
+// the queue makes 3,701 with 2.0 and 13.0, Jain's index 1.000. A targeted
+// notification was not built: it keeps the releaser's advantage and adds
+// the bookkeeping of who waits, which is what the queue already is.
+// Uncontended locks pay nothing for the queue: it is touched only when
+// someone waits (flag q).
+//
+// TryAcquire does not read the queue: a lock that freed itself without a
+// release (an expiry, a DEL) while waiters are queued may be taken by a
+// TryAcquire before the first waiter's next heartbeat, which then marks
+// the new holder's lock so that its release hands over to the queue.
+// Releases never overtake the queue.
+//
+// Watch (used by package redlock, whose nodes have no queue) delivers
+// release messages over ONE pub/sub connection per Backend shared by all
+// watches; only releases of locks that a TryAcquire found held publish.
+//
+// In a Cluster the channels are ordinary ones (PUBLISH reaches every node),
+// so one connection hears every release. A *redis.Ring is refused for that
+// reason: its shards do not share messages.
 //
 // # What it does not protect
 //
@@ -103,51 +222,12 @@
 // WithReplicas narrows the gap: every acquisition is confirmed by WAIT n
 // (sent in the same pipeline, on the same connection, as the script), and
 // one that fewer than n replicas acknowledged in time is released and
-// fails with ErrNotReplicated. A promoted replica that had acknowledged
-// has the lock. It stays a narrowing, not a guarantee: replication is
-// still asynchronous (WAIT only reports what happened), a failover may
-// pick a replica that had not acknowledged when n is smaller than the
-// number of replicas, a replica may restart empty, renewals and releases
-// are not confirmed (after a failover a lease may have an older TTL than
-// its holder computed, a released lock may come back until it expires),
-// and WAITAOF (persistence on the replicas, Redis 7.2) is not used. FIFO
-// queues and heartbeats are replicated like any write; after a failover,
-// waiters that the new primary lost put themselves back at their arrival
-// number with their next heartbeat.
-//
-// # Waiting
-//
-// Without WithFIFO, waiters retry: the Backend implements dlock.Notifier,
-// and waiters are woken by the release channel, over ONE pub/sub connection
-// per Backend shared by all its waiters (Subscribe returns once the server
-// confirmed the subscription; each channel is subscribed while it has
-// waiters). The Client bounds each wait by the holder's remaining TTL, so a
-// lost message (a reconnect, an expiry, which publishes nothing) costs at
-// most that. Retrying is not fair: the releaser may take the lock again
-// before the woken waiters get to it.
-//
-// With WithFIFO, the Backend is a dlock.Waiter: waiters queue in arrival
-// order on the server, and the release of a lock hands it over, inside
-// release.lua, to the first live waiter (new fence, reserved for it for
-// the waiter TTL), and PUBLISHes on that waiter's Backend's wake channel
-// only: one release wakes one waiter, which holds the lock from that
-// message on (it carries the fence) and confirms it with its lease's first
-// renewal, a third of the waiter TTL later (without auto-renew: before
-// Acquire returns); until then the lease's Expires is the reservation's
-// end. Waiters heartbeat every waiter TTL/4 (server time, TIME in
-// the script); a release skips waiters whose heartbeat is older than the
-// waiter TTL, and a lock handed to a waiter that died is free again after
-// the waiter TTL, so a dead waiter delays the others by at most the waiter
-// TTL plus a quarter of it (DefaultWaiterTTL 400ms: 500ms). A waiter whose
-// context ends leaves the queue at once, passing on a lock it was just
-// handed. A contended FIFO acquisition costs two requests (join, release)
-// plus a heartbeat per 100ms of waiting and the confirming renewal when the
-// lock is held longer than a third of the waiter TTL; see Backend.Wait and
-// BenchmarkContention.
-//
-// In a Cluster the channels are ordinary ones (PUBLISH reaches every node),
-// so one connection hears every release. A *redis.Ring is refused for that
-// reason: its shards do not share messages.
+// fails with ErrNotReplicated. It stays a narrowing, not a guarantee:
+// replication is still asynchronous, a failover may pick a replica that
+// had not acknowledged, renewals and releases are not confirmed, and
+// WAITAOF (Redis 7.2) is not used. Queues and heartbeats are replicated
+// like any write; waiters that the new primary lost rejoin at their
+// arrival with their next heartbeat.
 //
 // # Several keys
 //
@@ -157,14 +237,13 @@
 // with its own fence; Groups computes the slots locally with CRC16, as
 // Redis does. Keys of different slots are taken group by group in sorted
 // order by the Client, so callers with overlapping key sets never
-// deadlock. Keys that should be locked together cheaply can share a slot
-// with a hash tag of their own: "{order:1001}:items" and
-// "{order:1001}:payment" do.
+// deadlock.
 //
 // # Contexts
 //
 // Every call returns when its context ends, whatever the go-redis timeout
 // settings: with a context that can be cancelled, the command runs on a
 // helper goroutine that finishes within the client's ReadTimeout, and a
-// grant that arrives after the caller gave up is released at once.
+// grant that arrives after the caller gave up is released at once (the
+// only retry-like work a Backend does; it never sleeps).
 package redislock

@@ -10,47 +10,14 @@ import (
 	"github.com/dlock-go/dlock"
 )
 
-// Wait implements dlock.Waiter: a server-side FIFO queue for requests
-// with r.FIFO set (dlock.WithFIFO). For other requests it returns
-// errors.ErrUnsupported at once, and the Client waits by retrying, woken
-// by release notifications (Subscribe).
-//
-// The first step (queue.lua) takes the lock if it is free and nobody is
-// queued, and otherwise joins the queue PREFIX{KEY}:q at the tail. From
-// then on the waiter needs no request to be served: the release of the
-// lock's last hold hands it over inside release.lua to the first live
-// waiter, with a new fence, reserved for it for the waiter TTL (field
-// claim), and PUBLISHes the news on that waiter's Backend's wake channel,
-// where the Backend's shared subscription routes it to this waiter alone.
-// The message carries the new fence, the claim TTL and the waiter's
-// heartbeat deadline that the release read, which names the waiter's last
-// step: the hand-off came after it, so the lock is reserved for the waiter
-// for at least the claim TTL from that step's invoke. Wait returns the
-// grant at once, with no request: Grant.Since is that invoke and Grant.TTL
-// the claim TTL, and the lease's first renewal (a third of the claim TTL
-// later, or at once without auto-renew; refresh.lua claims the lock) gives
-// it the lease TTL. Two requests per contended acquisition in all (join,
-// release) when the critical section is short. Wait claims the lock with a
-// step instead (the lease TTL replaces the claim TTL, Grant.Since is the
-// step's invoke) for a reentrant request (its hold count must be exact),
-// with WithReplicas (the claim is what WAIT confirms), and when the message
-// came too late (half the claim TTL or the lease TTL, whichever is
-// shorter, after that step) or names an older step. A reentrant owner that holds the lock already re-enters at once.
-//
-// Meanwhile the waiter's step doubles as its heartbeat, every
-// WithWaiterTTL/4 (100ms by default), and as the bound for a lost
-// message: the heartbeat deadline is server time (TIME in the script) plus
-// the waiter TTL, and a release skips and drops waiters whose deadline has
-// passed. The first waiter also checks when the holder's TTL runs out (an
-// expiry publishes nothing). A waiter whose ctx ends leaves the queue at
-// once (leave.lua, with a fresh context bounded by
-// dlock.DefaultReleaseTimeout); if the lock had just been handed to it, it
-// passes it on to the next waiter. When ctx ends, the error matches
-// ctx.Err(). After Close it returns an error matching dlock.ErrClosed.
+// Wait implements dlock.Waiter: it waits in the lock's server-side FIFO
+// queue until a release hands the lock to this waiter, or takes it at once
+// when it is free and nobody is queued. It is how the Client waits for
+// every Acquire on this Backend, with or without dlock.WithFIFO (see the
+// package documentation, "Waiting"). When ctx ends, the waiter leaves the
+// queue (passing on a lock just handed to it) and the error matches
+// ctx.Err(); after Close it matches dlock.ErrClosed.
 func (b *Backend) Wait(ctx context.Context, r dlock.Request) (dlock.Grant, error) {
-	if !r.FIFO {
-		return dlock.Grant{}, errors.ErrUnsupported
-	}
 	if err := b.check(ctx, &r, true); err != nil {
 		return dlock.Grant{}, err
 	}
@@ -61,7 +28,9 @@ func (b *Backend) Wait(ctx context.Context, r dlock.Request) (dlock.Grant, error
 		if ctx.Err() != nil {
 			return dlock.Grant{}, fmt.Errorf("redislock: wait %q: %w", r.Key, ctx.Err())
 		}
-		return dlock.Grant{}, b.callErr("wait: subscribe", r.Key, err)
+		// Without the wake channel the waiter still gets the lock: its
+		// heartbeat steps serve it, only later. The steps report the
+		// server's errors.
 	}
 	lock := b.lockName(r.Key)
 	q := &queued{
@@ -80,12 +49,12 @@ func (b *Backend) Wait(ctx context.Context, r dlock.Request) (dlock.Grant, error
 	defer timer.Stop()
 	for {
 		if b.closed.Load() {
-			q.leave()
+			q.leave(ctx)
 			return dlock.Grant{}, errClosed
 		}
 		g, next, err := q.step(ctx)
 		if err != nil {
-			q.leave()
+			q.leave(ctx)
 			if ctx.Err() != nil {
 				return dlock.Grant{}, fmt.Errorf("redislock: wait %q: %w", r.Key, ctx.Err())
 			}
@@ -103,7 +72,7 @@ func (b *Backend) Wait(ctx context.Context, r dlock.Request) (dlock.Grant, error
 		timer.Reset(d)
 		select {
 		case <-ctx.Done():
-			q.leave()
+			q.leave(ctx)
 			return dlock.Grant{}, fmt.Errorf("redislock: wait %q: %w", r.Key, ctx.Err())
 		case <-w.ch:
 			if g, ok := q.handed(b.hub.takeHandoff(w)); ok {
@@ -127,7 +96,7 @@ type queued struct {
 	keys   []string
 	member string // the queue member: Backend id + token
 	route  string // the wake message payload for this waiter
-	seq    string // the arrival number, "0" before the waiter is queued
+	seq    string // the arrival (server µs), "0" before the waiter is queued
 
 	// The last step that left the waiter queued: its invoke time and the
 	// heartbeat deadline it set (server ms), 0 before the first.
@@ -135,8 +104,11 @@ type queued struct {
 	deadline int64
 }
 
-// handed returns the grant a hand-off message gives this waiter without a
-// claim request, if it may be used: see Wait.
+// handed returns the grant a hand-off message gives this waiter at once,
+// confirmed later by the lease's first renewal or its release. It refuses
+// (the next step confirms instead) a reentrant request (its count must be
+// exact), WithReplicas (the step is what WAIT confirms), a message that
+// names an older step, and one that came after half the reservation.
 func (q *queued) handed(ho handoff) (dlock.Grant, bool) {
 	if !ho.ok || q.r.Reentrant || q.b.cfg.replicas > 0 || q.deadline == 0 || ho.deadline != q.deadline {
 		return dlock.Grant{}, false
@@ -160,9 +132,9 @@ func (q *queued) step(ctx context.Context) (dlock.Grant, time.Duration, error) {
 	}
 	late := func(v reply, err error) {
 		if g, _, _, _, perr := parseStep(v.v, err); perr == nil && g.OK {
-			b.releaseGrant(r, g.Fence)
+			b.releaseGrant(ctx, r, g.Fence)
 		} else if err == nil {
-			q.leave()
+			q.exit(ctx)
 		}
 	}
 	sent := time.Now()
@@ -179,7 +151,7 @@ func (q *queued) step(ctx context.Context) (dlock.Grant, time.Duration, error) {
 		// the lease's validity counts from its invoke.
 		g.Since = sent
 		if err := b.replicated("wait", r.Key, v); err != nil {
-			b.releaseGrant(r, g.Fence)
+			b.releaseGrant(ctx, r, g.Fence)
 			return dlock.Grant{}, 0, err
 		}
 		return g, 0, nil
@@ -199,7 +171,7 @@ func parseStep(v any, err error) (dlock.Grant, time.Duration, string, int64, err
 	if !ok || len(a) == 0 {
 		return dlock.Grant{}, 0, "", 0, unexpected("wait", v)
 	}
-	if a[0] != int64(0) {
+	if a[0] != int64(codeHeld) {
 		g, err := parseGrant(v, nil)
 		return g, 0, "", 0, err
 	}
@@ -222,13 +194,21 @@ func parseStep(v any, err error) (dlock.Grant, time.Duration, string, int64, err
 }
 
 // leave takes the waiter out of the queue (and passes on a lock handed to
-// it but not claimed), with a fresh context bounded by
-// dlock.DefaultReleaseTimeout. It runs even after Close: the go-redis
-// client is the caller's and still open.
-func (q *queued) leave() {
-	ctx, cancel := context.WithTimeout(context.Background(), dlock.DefaultReleaseTimeout)
-	defer cancel()
+// it but not confirmed) when a step queued it, without ctx's cancellation,
+// bounded by the waiter TTL: a waiter that could not leave is dropped
+// when its heartbeat lapses. It runs even after Close: the go-redis client
+// is the caller's and still open.
+func (q *queued) leave(ctx context.Context) {
+	if q.deadline != 0 {
+		q.exit(ctx) // else never queued; an abandoned step leaves by itself (see step)
+	}
+}
+
+// exit runs leave.lua for the waiter (see leave).
+func (q *queued) exit(ctx context.Context) {
 	b := q.b
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.cfg.waiterTTL)
+	defer cancel()
 	lock := q.keys[0]
 	leaveScript.Run(ctx, b.rdb, q.keys, q.r.Token, q.member, channelName(lock), b.claimArg(), b.wakePrefix())
 }

@@ -1,8 +1,7 @@
 -- inspect.lua: read a lock's state; with ARGV[1] == "1", also delete it
 -- whoever holds it (an administrator's forced release).
 --
--- KEYS[1]  the lock hash, KEYS[2] the fence counter, KEYS[3] the FIFO
---          queue, KEYS[4] its heartbeats
+-- KEYS[1]  the lock, KEYS[2] the FIFO queue
 -- ARGV[1]  "1" to delete the lock
 -- ARGV[2]  the release channel, PUBLISHed on when the lock is deleted and
 --          no FIFO waiter takes it over
@@ -13,36 +12,30 @@
 --         {-1, key, type}                         when a key holds a value
 --                                                 of another type (left
 --                                                 intact).
--- waiters counts the live FIFO waiters (heartbeat deadline not passed).
---#include fence.lua
+-- waiters counts the FIFO queue's members.
+--#include lib.lua
 --#include queue_lib.lua
-local lock, counter, q, hb = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local bad = check_queue(q, hb)
-if bad then
-  return bad
+local lock, q = KEYS[1], KEYS[2]
+local waiters = redis.pcall('ZCARD', q)
+if type(waiters) == 'table' and waiters['err'] then
+  return wrong(q)
 end
-local now_us, now_ms = now()
-local waiters = redis.call('ZCOUNT', hb, fmt(now_ms), '+inf')
-local kind = redis.call('TYPE', lock)['ok']
-if kind == 'none' then
+local state, f, n, fl, a, t = decode(lock, redis.pcall('GET', lock))
+if state == 'wrong' then
+  return f
+end
+if state == 'legacy' then
+  local h = redis.call('HMGET', lock, 'owner', 'count', 'fence')
+  return {1, h[1], tonumber(h[2]) or 1, tonumber(h[3]) or 0, redis.call('PTTL', lock), waiters}
+end
+if state ~= 'lock' or n == 0 then
   return {0, waiters}
-end
-if kind ~= 'hash' then
-  return {-1, lock, kind}
-end
-local h = redis.call('HMGET', lock, 'owner', 'count', 'fence')
-if not h[1] then
-  return {-1, lock, 'hash'}
 end
 local pttl = redis.call('PTTL', lock)
 if ARGV[1] == '1' then
-  redis.call('DEL', lock)
-  local head, _, err = hand_off(lock, counter, q, hb, nil, 0, ARGV[3], ARGV[4], now_us, now_ms)
+  local err = free_lock(lock, q, f, a, 'q' .. fl .. 'w', ARGV[3], ARGV[4], ARGV[2])
   if err then
     return err
   end
-  if not head then
-    redis.call('PUBLISH', ARGV[2], h[3] or '')
-  end
 end
-return {1, h[1], tonumber(h[2]) or 1, tonumber(h[3]) or 0, pttl, waiters}
+return {1, t, n, f, pttl, waiters}

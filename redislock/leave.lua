@@ -1,36 +1,37 @@
 -- leave.lua: a FIFO waiter gives up (its context ended, or its Backend
 -- closed).
 --
--- KEYS[1]  the lock hash, KEYS[2] the fence counter, KEYS[3] the FIFO
---          queue, KEYS[4] its heartbeats
+-- KEYS[1]  the lock, KEYS[2] the FIFO queue
 -- ARGV[1]  the owner token
 -- ARGV[2]  the waiter's queue member (Backend id .. token)
 -- ARGV[3]  the release channel
 -- ARGV[4]  the claim TTL in milliseconds, ARGV[5] the wake channel prefix
 --
 -- The waiter leaves the queue. If a release handed it the lock and it has
--- not claimed it yet, the lock goes on to the next live waiter (or is
--- freed), as if the waiter had claimed and released it. A lock the token
--- holds and has claimed is left alone: it is a reentrant owner's other
--- hold, or the grant of an abandoned call, which that call's own cleanup
--- releases.
+-- not confirmed it yet (flag c), the lock goes on to the next live waiter
+-- (or is freed). A lock the token holds and has confirmed is left alone:
+-- it is an earlier grant of the same owner, or the grant of an abandoned
+-- call, which that call's own cleanup releases.
 --
 -- Returns 1 when a reserved lock was passed on, 0 otherwise, or
 -- {-1, key, type} when a key holds a value of another type.
---#include fence.lua
+--#include lib.lua
 --#include queue_lib.lua
-local lock, counter, q, hb = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local bad = check_queue(q, hb)
-if bad then
-  return bad
+local lock, q = KEYS[1], KEYS[2]
+local rm = redis.pcall('ZREM', q, ARGV[2])
+if type(rm) == 'table' and rm['err'] then
+  return wrong(q)
 end
-redis.call('ZREM', q, ARGV[2])
-redis.call('ZREM', hb, ARGV[2])
-local h = redis.pcall('HMGET', lock, 'owner', 'claim', 'wait')
-if h['err'] then
-  return wrong(lock)
+redis.call('DEL', beat(lock, ARGV[2]))
+local state, f, n, fl, a, t = decode(lock, redis.pcall('GET', lock))
+if state == 'wrong' then
+  return f
 end
-if h[1] ~= ARGV[1] or not h[2] then
+if state ~= 'lock' or n == 0 or t ~= ARGV[1] or not has(fl, 'c') then
   return 0
 end
-return free_lock(lock, counter, q, hb, ARGV[4], ARGV[5], ARGV[3], h[3])
+local err = free_lock(lock, q, f, a, fl, ARGV[4], ARGV[5], ARGV[3])
+if err then
+  return err
+end
+return 1

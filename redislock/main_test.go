@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -124,4 +125,37 @@ func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// lockValue is a lock's value on the server (see lib.lua).
+type lockValue struct {
+	Fence uint64
+	Count int
+	Flags string
+	Ahead int
+	Token string
+}
+
+// readLock reads and parses the lock of key; ok is false when there is
+// none.
+func readLock(t testing.TB, rdb redis.Cmdable, b *redislock.Backend, key string) (v lockValue, ok bool) {
+	t.Helper()
+	s, err := rdb.Get(context.Background(), b.LockName(key)).Result()
+	if err == redis.Nil {
+		return v, false
+	}
+	if err != nil {
+		t.Fatalf("GET of the lock: %v", err)
+	}
+	parts := strings.SplitN(s, ":", 5)
+	if len(parts) != 5 {
+		t.Fatalf("lock value %q: want FENCE:COUNT:FLAGS:AHEAD:TOKEN", s)
+	}
+	fence, err1 := strconv.ParseUint(parts[0], 10, 64)
+	count, err2 := strconv.Atoi(parts[1])
+	ahead, err3 := strconv.Atoi(parts[3])
+	if err1 != nil || err2 != nil || err3 != nil {
+		t.Fatalf("lock value %q: want FENCE:COUNT:FLAGS:AHEAD:TOKEN", s)
+	}
+	return lockValue{fence, count, parts[2], ahead, parts[4]}, true
 }

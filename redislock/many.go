@@ -60,9 +60,8 @@ func (b *Backend) TryAcquireAll(ctx context.Context, rs []dlock.Request) ([]dloc
 		return nil, fmt.Errorf("redislock: acquire all: %w: no requests", dlock.ErrInvalidKey)
 	}
 	seen := make(map[string]bool, len(rs))
-	keys := make([]string, 0, 4*len(rs))
-	args := make([]any, 0, 2+3*len(rs))
-	args = append(args, b.claimArg(), b.wakePrefix())
+	keys := make([]string, 0, len(rs))
+	args := make([]any, 0, 3*len(rs))
 	slot := -1
 	for i := range rs {
 		r := &rs[i]
@@ -82,7 +81,7 @@ func (b *Backend) TryAcquireAll(ctx context.Context, rs []dlock.Request) ([]dloc
 			}
 			slot = s
 		}
-		keys = append(keys, lockKeys(lock)...)
+		keys = append(keys, lock)
 		args = append(args, r.Token, ttlArg(r.TTL), reentrantArg(r.Reentrant))
 	}
 	name := rs[0].Key
@@ -95,7 +94,7 @@ func (b *Backend) TryAcquireAll(ctx context.Context, rs []dlock.Request) ([]dloc
 	releaseAll := func(gs []dlock.Grant) {
 		for i, g := range gs {
 			if g.OK {
-				b.releaseGrant(rs[i], g.Fence)
+				b.releaseGrant(ctx, rs[i], g.Fence)
 			}
 		}
 	}
@@ -132,7 +131,7 @@ func parseGrants(v any, err error, n int) ([]dlock.Grant, error) {
 	}
 	gs := make([]dlock.Grant, n)
 	switch a[0] {
-	case int64(1):
+	case int64(codeGranted):
 		if len(a) != 1+2*n {
 			break
 		}
@@ -145,7 +144,7 @@ func parseGrants(v any, err error, n int) ([]dlock.Grant, error) {
 			gs[i] = dlock.Grant{OK: true, Fence: uint64(fence), Count: int(count)}
 		}
 		return gs, nil
-	case int64(0):
+	case int64(codeHeld):
 		if len(a) != 1+n {
 			break
 		}
@@ -159,7 +158,7 @@ func parseGrants(v any, err error, n int) ([]dlock.Grant, error) {
 			}
 		}
 		return gs, nil
-	case int64(-1):
+	case int64(codeWrongType):
 		return nil, wrongType(a, false)
 	}
 	return nil, unexpected("acquire all", v)

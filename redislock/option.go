@@ -11,12 +11,12 @@ import (
 // Defaults used when no option overrides them.
 const (
 	// DefaultPrefix starts the name of every Redis key and channel the
-	// backend uses: lock "dlock:{KEY}", fence counter "dlock:{KEY}:fence",
-	// release channel "dlock:{KEY}:rel", FIFO queue "dlock:{KEY}:q" and
-	// heartbeats "dlock:{KEY}:hb", a Backend's wake channel "dlock:wake:ID".
+	// backend uses: lock "dlock:{KEY}", queue "dlock:{KEY}:q", heartbeats
+	// "dlock:{KEY}:w:MEMBER", release channel "dlock:{KEY}:rel", a
+	// Backend's wake channel "dlock:wake:ID".
 	DefaultPrefix = "dlock:"
 
-	// DefaultSubscribeTimeout bounds how long Subscribe waits for the server
+	// DefaultSubscribeTimeout bounds how long Watch waits for the server
 	// to confirm a subscription, and is the health-check interval of the
 	// shared subscription connection.
 	DefaultSubscribeTimeout = 3 * time.Second
@@ -66,8 +66,8 @@ func WithPrefix(prefix string) Option {
 	}
 }
 
-// WithSubscribeTimeout bounds how long Subscribe waits for the server to
-// confirm a new subscription (Subscribe then fails), and sets the health
+// WithSubscribeTimeout bounds how long Watch and the first Wait wait for
+// the server to confirm a new subscription, and sets the health
 // check of the shared subscription connection: after d without traffic it
 // sends a PING, and after another d without a reply it replaces the
 // connection and resubscribes. Default DefaultSubscribeTimeout (3s). A d
@@ -82,16 +82,12 @@ func WithSubscribeTimeout(d time.Duration) Option {
 	}
 }
 
-// WithWaiterTTL sets the liveness bound of FIFO waiting (dlock.WithFIFO).
-// A queued waiter refreshes its heartbeat every d/4; a waiter whose
-// heartbeat is older than d (its process died, or it hung) is skipped and
-// dropped when its turn comes. A lock that a release hands over to the
-// next waiter is reserved for it for d: if the waiter does not claim it in
-// that time, the lock frees itself and the waiter after it is served at its
-// next heartbeat. So a waiter that dies at the head of the queue delays
-// the others by at most d + d/4 (plus a round trip). A live waiter that is
-// late anyway (a pause longer than d) keeps its place: its next heartbeat
-// puts it back at its arrival number.
+// WithWaiterTTL sets the liveness bound of queued waiting (every Acquire
+// that waits): a waiter heartbeats every d/4 and is skipped when its
+// heartbeat is older than d; a lock handed to a waiter is reserved for it
+// for d, then frees itself. So a waiter that dies at the head of the queue
+// delays the others by at most d + d/4 (plus a round trip). A live waiter
+// that is late keeps its place: its next heartbeat rejoins at its arrival.
 //
 // Default DefaultWaiterTTL (400ms). Every Backend on the same locks should
 // use the same value: the releasing Backend sets the claim time. A d below
@@ -153,3 +149,14 @@ func WithReplicas(n int, timeout time.Duration) Option {
 		return nil
 	}
 }
+
+// MinTTL is the shortest lease TTL the Backend renews reliably
+// (dlock.TTLFloor): the watchdog renews every TTL/3, 5ms at MinTTL, which
+// covers a refresh's round trip with a wide margin (measured on loopback
+// at a load average of 10 on 2 cores: p50 ≈ 0.1ms, p99 ≈ 0.5ms, see
+// docs/BENCHMARKS.md, S1). The Client refuses shorter TTLs; the Backend
+// itself accepts down to dlock.MinTTL.
+const MinTTL = 15 * time.Millisecond
+
+// MinTTL implements dlock.TTLFloor: it returns MinTTL.
+func (b *Backend) MinTTL() time.Duration { return MinTTL }

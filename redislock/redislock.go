@@ -34,17 +34,17 @@ var (
 
 	_ dlock.Backend        = (*Backend)(nil)
 	_ dlock.BatchRefresher = (*Backend)(nil)
-	_ dlock.Notifier       = (*Backend)(nil)
 	_ dlock.Inspector      = (*Backend)(nil)
 	_ dlock.ForceReleaser  = (*Backend)(nil)
 	_ dlock.Waiter         = (*Backend)(nil)
 	_ dlock.MultiAcquirer  = (*Backend)(nil)
+	_ dlock.TTLFloor       = (*Backend)(nil)
 )
 
 // Backend is a dlock.Backend on Redis. It implements dlock.Backend,
-// dlock.BatchRefresher, dlock.Notifier, dlock.Waiter (a server-side FIFO
-// queue for WithFIFO requests), dlock.MultiAcquirer, dlock.Inspector and
-// dlock.ForceReleaser. Create it with New; it is safe for concurrent use.
+// dlock.BatchRefresher, dlock.Waiter (a server-side queue for every wait),
+// dlock.MultiAcquirer, dlock.Inspector, dlock.ForceReleaser and
+// dlock.TTLFloor. Create it with New; it is safe for concurrent use.
 type Backend struct {
 	rdb    Client
 	cfg    config
@@ -151,37 +151,6 @@ func describe(rdb Client) (string, bool, time.Duration) {
 
 var errClosed = fmt.Errorf("redislock: %w", dlock.ErrClosed)
 
-// lockName returns the name of the lock hash of key; lockNames and
-// channelName derive the fence counter's and the release channel's from
-// it. All three share the hash tag {key}, so they live in the same Redis
-// Cluster slot. A key starting with '}' or '\' gets a leading '\' inside
-// the braces: a tag may not be empty, and the escape keeps distinct keys
-// distinct.
-func (b *Backend) lockName(key string) string {
-	if key[0] == '}' || key[0] == '\\' {
-		return b.cfg.prefix + "{\\" + key + "}"
-	}
-	return b.cfg.prefix + "{" + key + "}"
-}
-
-func fenceName(lock string) string   { return lock + ":fence" }
-func channelName(lock string) string { return lock + ":rel" }
-
-// lockKeys returns the four keys the scripts take: the lock hash, the
-// fence counter, the FIFO queue and its heartbeats.
-func lockKeys(lock string) []string {
-	keys, _ := lockNames(lock)
-	return keys
-}
-
-// lockNames returns lockKeys(lock) and the release channel, cut from one
-// string: a single allocation for all the names.
-func lockNames(lock string) (keys []string, channel string) {
-	n := len(lock)
-	s := lock + ":fence" + lock + ":q" + lock + ":hb" + lock + ":rel"
-	return []string{lock, s[:n+6], s[n+6 : 2*n+8], s[2*n+8 : 3*n+11]}, s[3*n+11:]
-}
-
 // claimArg is the claim TTL of a lock handed over to a FIFO waiter.
 func (b *Backend) claimArg() any { return b.claim }
 
@@ -204,17 +173,6 @@ func (b *Backend) ttlArg(ttl time.Duration) any {
 	c := &ttlBox{ttl, ttlArg(ttl)}
 	b.ttl.Store(c)
 	return c.arg
-}
-
-// LockName returns the Redis key of the hash holding the lock key:
-// PREFIX{KEY}. The fence counter is LockName(key)+":fence", the release
-// channel LockName(key)+":rel", the FIFO queue LockName(key)+":q" and its
-// heartbeats LockName(key)+":hb". It returns "" for an invalid key.
-func (b *Backend) LockName(key string) string {
-	if dlock.ValidateKey(key) != nil {
-		return ""
-	}
-	return b.lockName(key)
 }
 
 // checkKey validates what every call needs.
@@ -265,96 +223,61 @@ func reentrantArg(r bool) string {
 	return "0"
 }
 
-// TryAcquire implements dlock.Backend: one EVALSHA of acquire.lua. The
-// fence is max(last fence + 1, server time in µs), kept in the key's fence
-// counter; with r.Fence set, a fresh grant's fence is at least r.Fence (a
-// floor: package redlock proposes one so that its nodes agree). When another token holds the lock it returns Grant{OK: false}
-// with HolderTTL set to the holder's remaining TTL (at least 1ms; 0 if the
-// lock has no TTL). A free lock with live FIFO waiters (see Wait) is
-// handed to the first of them instead, and the attempt fails like one that
-// found it held: TryAcquire never overtakes the queue. A lock or fence key
-// that holds another type of value is an error matching dlock.ErrWrongType
-// naming the key; nothing is changed. With WithReplicas, a grant that too
-// few replicas acknowledged is released again and the error matches
+// TryAcquire implements dlock.Backend: one EVALSHA of acquire.lua, which
+// takes a free lock (fence: the server time in µs, at least r.Fence when
+// set, above a tombstone's), re-enters one r.Token holds (r.Reentrant), or
+// reports the holder's remaining TTL in Grant.HolderTTL. It does not read
+// the FIFO queue (see doc.go). A lock key holding another type of value is
+// an error matching dlock.ErrWrongType; with WithReplicas, a grant too few
+// replicas acknowledged is released and the error matches
 // ErrNotReplicated.
 func (b *Backend) TryAcquire(ctx context.Context, r dlock.Request) (dlock.Grant, error) {
+	g, _, err := b.TryAcquireClock(ctx, r)
+	return g, err
+}
+
+// TryAcquireClock is TryAcquire, also returning the server time (µs since
+// 1970) at which a fresh grant was made, 0 for other outcomes. Package
+// redlock uses it to learn how far the nodes' clocks run ahead.
+func (b *Backend) TryAcquireClock(ctx context.Context, r dlock.Request) (dlock.Grant, int64, error) {
 	if err := b.check(ctx, &r, true); err != nil {
-		return dlock.Grant{}, err
+		return dlock.Grant{}, 0, err
 	}
-	lock := b.lockName(r.Key)
-	keys := lockKeys(lock)
-	args := []any{r.Token, b.ttlArg(r.TTL), reentrantArg(r.Reentrant), b.claimArg(), b.wakePrefix(), fenceArg(r.Fence)}
+	keys := []string{b.lockName(r.Key)}
+	args := []any{r.Token, b.ttlArg(r.TTL), reentrantArg(r.Reentrant), fenceArg(r.Fence)}
 	run := func(ctx context.Context) (reply, error) {
 		return b.eval(ctx, acquireScript, keys, args...)
 	}
 	late := func(v reply, err error) {
 		// The caller gave up, but the server granted the lock: give it back.
 		if g, gerr := parseGrant(v.v, err); gerr == nil && g.OK {
-			b.releaseGrant(r, g.Fence)
+			b.releaseGrant(ctx, r, g.Fence)
 		}
 	}
 	v, err := guard(b, ctx, true, run, late)
 	if err != nil {
-		return dlock.Grant{}, b.callErr("acquire", r.Key, err)
+		return dlock.Grant{}, 0, b.callErr("acquire", r.Key, err)
 	}
-	g, err := parseGrant(v.v, nil)
+	g, now, err := parseGrantClock(v.v, nil)
 	if err != nil {
-		return dlock.Grant{}, err
+		return dlock.Grant{}, 0, err
 	}
 	if g.OK {
 		if err := b.replicated("acquire", r.Key, v); err != nil {
-			b.releaseGrant(r, g.Fence)
-			return dlock.Grant{}, err
+			b.releaseGrant(ctx, r, g.Fence)
+			return dlock.Grant{}, 0, err
 		}
 	}
-	return g, nil
+	return g, now, nil
 }
 
 // releaseGrant gives back one hold that was granted to r.Token with fence
-// but will not be used (the caller gave up, or it was not replicated),
-// with a fresh context bounded by dlock.DefaultReleaseTimeout.
-func (b *Backend) releaseGrant(r dlock.Request, fence uint64) {
-	ctx, cancel := context.WithTimeout(context.Background(), dlock.DefaultReleaseTimeout)
-	defer cancel()
-	lock := b.lockName(r.Key)
-	releaseScript.Run(ctx, b.rdb, lockKeys(lock), r.Token, fenceArg(fence), channelName(lock), b.claimArg(), b.wakePrefix())
-}
-
-func parseGrant(v any, err error) (dlock.Grant, error) {
-	if err != nil {
-		return dlock.Grant{}, err
-	}
-	a, ok := v.([]any)
-	if !ok || len(a) < 2 {
-		return dlock.Grant{}, unexpected("acquire", v)
-	}
-	code, _ := a[0].(int64)
-	switch code {
-	case 1:
-		fence, ok1 := a[1].(int64)
-		count, ok2 := int64(1), true
-		if len(a) > 2 {
-			count, ok2 = a[2].(int64)
-		}
-		if !ok1 || !ok2 || fence <= 0 {
-			return dlock.Grant{}, unexpected("acquire", v)
-		}
-		return dlock.Grant{OK: true, Fence: uint64(fence), Count: int(count)}, nil
-	case 0:
-		pttl, ok := a[1].(int64)
-		if !ok {
-			return dlock.Grant{}, unexpected("acquire", v)
-		}
-		var g dlock.Grant
-		if pttl >= 0 {
-			// PTTL rounds down: 0 means "under a millisecond left".
-			g.HolderTTL = time.Duration(max(pttl, 1)) * time.Millisecond
-		}
-		return g, nil
-	case -1:
-		return dlock.Grant{}, wrongType(a, false)
-	}
-	return dlock.Grant{}, unexpected("acquire", v)
+// but will not be used (the caller gave up, or it was not replicated). It
+// runs without ctx's cancellation, bounded by the go-redis client's
+// timeouts.
+func (b *Backend) releaseGrant(ctx context.Context, r dlock.Request, fence uint64) {
+	keys, channel := lockNames(b.lockName(r.Key))
+	releaseScript.Run(context.WithoutCancel(ctx), b.rdb, keys, r.Token, fenceArg(fence), channel, b.claimArg(), b.wakePrefix())
 }
 
 // Refresh implements dlock.Backend: one EVALSHA of refresh.lua, which
@@ -378,23 +301,6 @@ func (b *Backend) Refresh(ctx context.Context, r dlock.Request) error {
 	return parseRefresh(v, r.Key)
 }
 
-func parseRefresh(v any, key string) error {
-	switch v := v.(type) {
-	case int64:
-		switch v {
-		case 1:
-			return nil
-		case 0:
-			return notHeld("refresh", key)
-		}
-	case []any:
-		if len(v) > 0 && v[0] == int64(-1) {
-			return wrongType(v, true)
-		}
-	}
-	return unexpected("refresh", v)
-}
-
 // Release implements dlock.Backend: one EVALSHA of release.lua, which
 // gives up one hold of r.Token (and r.Fence, when set). When the last hold
 // is given up, the lock goes to the first live FIFO waiter, with a new
@@ -415,20 +321,7 @@ func (b *Backend) Release(ctx context.Context, r dlock.Request) error {
 	if err != nil {
 		return b.callErr("release", r.Key, err)
 	}
-	switch v := v.(type) {
-	case int64:
-		switch v {
-		case 1, 2:
-			return nil
-		case 0:
-			return notHeld("release", r.Key)
-		}
-	case []any:
-		if len(v) > 0 && v[0] == int64(-1) {
-			return wrongType(v, true)
-		}
-	}
-	return unexpected("release", v)
+	return parseRelease(v, r.Key)
 }
 
 // RefreshMany implements dlock.BatchRefresher: every refresh in ONE
@@ -505,23 +398,21 @@ func (b *Backend) RefreshMany(ctx context.Context, rs []dlock.Request) []error {
 	return errs
 }
 
-// Inspect implements dlock.Inspector: it reads the lock's hash, PTTL and
-// FIFO queue in one script, changing nothing. Info.Waiters counts the live
-// FIFO waiters (see Wait); waiters that retry (without WithFIFO) are not
-// queued on the server and are not counted. A lock key holding another
-// type of value is an error matching dlock.ErrWrongType.
+// Inspect implements dlock.Inspector: it reads the lock, its PTTL and its
+// queue's length in one script, changing nothing. Info.Waiters counts the
+// queued waiters (dead ones until a release drops them). A lock key holding
+// another type of value is an error matching dlock.ErrWrongType.
 func (b *Backend) Inspect(ctx context.Context, key string) (dlock.Info, error) {
 	return b.inspect(ctx, "inspect", key, false)
 }
 
 // ForceRelease implements dlock.ForceReleaser: it deletes the lock
 // whoever holds it and returns what it removed (Held false when there was
-// nothing). Like a release, it hands the lock to the first live FIFO
-// waiter, or else PUBLISHes on its release channel so waiters retry at
-// once. The holder learns at its next renewal (ErrNotHeld, then its lease
-// is lost). The fence counter is kept, so fences keep increasing. A lock
-// key holding another type of value is an error matching
-// dlock.ErrWrongType and is left intact.
+// nothing). Like a release, it hands the lock to the first live waiter, or
+// else PUBLISHes on its release channel. The holder learns at its next
+// renewal (ErrNotHeld, then its lease is lost). Fences keep increasing
+// (see Fencing in the package documentation). A lock key holding another
+// type of value is an error matching dlock.ErrWrongType and is left intact.
 func (b *Backend) ForceRelease(ctx context.Context, key string) (dlock.Info, error) {
 	return b.inspect(ctx, "force release", key, true)
 }
@@ -546,16 +437,16 @@ func (b *Backend) inspect(ctx context.Context, op, key string, del bool) (dlock.
 		return dlock.Info{}, unexpected(op, v)
 	}
 	switch a[0] {
-	case int64(0):
+	case int64(codeHeld):
 		if len(a) == 2 {
 			if w, ok := a[1].(int64); ok {
 				info.Waiters = int(w)
 				return info, nil
 			}
 		}
-	case int64(-1):
+	case int64(codeWrongType):
 		return dlock.Info{}, wrongType(a, false)
-	case int64(1):
+	case int64(codeGranted):
 		if len(a) == 6 {
 			owner, ok1 := a[1].(string)
 			count, ok2 := a[2].(int64)
@@ -613,49 +504,6 @@ func (b *Backend) callErr(op, key string, err error) error {
 	return fmt.Errorf("redislock: %s %q on %s: %w", op, key, b.server, err)
 }
 
-func notHeld(op, key string) error {
-	return fmt.Errorf("redislock: %s %q: %w", op, key, dlock.ErrNotHeld)
-}
-
-func unexpected(op string, v any) error {
-	return fmt.Errorf("redislock: %s: unexpected reply %v from the script", op, v)
-}
-
-// wrongTypeError reports a lock or fence key that holds a value of another
-// type (a user's list under the lock's name, say). It matches
-// dlock.ErrWrongType, and dlock.ErrNotHeld when returned by Release or
-// Refresh (the owner cannot hold a lock that is not there).
-type wrongTypeError struct {
-	key, kind string
-	notHeld   bool
-}
-
-func (e *wrongTypeError) Error() string {
-	if e.notHeld {
-		return fmt.Sprintf("redislock: lock not held: key %q holds a %s, not a dlock lock; nothing was changed", e.key, e.kind)
-	}
-	return fmt.Sprintf("redislock: key %q holds a %s, not a dlock lock; nothing was changed", e.key, e.kind)
-}
-
-func (e *wrongTypeError) Is(target error) bool {
-	return target == dlock.ErrWrongType || (e.notHeld && target == dlock.ErrNotHeld)
-}
-
-func wrongType(a []any, notHeld bool) error {
-	e := &wrongTypeError{key: "?", kind: "value of another type", notHeld: notHeld}
-	if len(a) > 1 {
-		if s, ok := a[1].(string); ok {
-			e.key = s
-		}
-	}
-	if len(a) > 2 {
-		if s, ok := a[2].(string); ok {
-			e.kind = s
-		}
-	}
-	return e
-}
-
 // guard runs fn so that ctx bounds it (see New). With a context that
 // can end, fn runs on a helper goroutine with the context's values but not
 // its cancellation, so its command always completes (or fails) within the
@@ -701,4 +549,41 @@ func guard[T any](b *Backend, ctx context.Context, direct bool, fn func(context.
 		close(gaveUp)
 		return zero, ctx.Err()
 	}
+}
+
+// Adopt hands the grant that key's lock has under token from to token to,
+// with fence fence, keeping its hold count and deadline (agree.lua). It
+// reports whether from held the lock; nothing changes when it did not. A
+// lock key holding another type of value is an error matching
+// dlock.ErrWrongType. Package redlock uses it to make the nodes that
+// granted an acquisition agree on one fence.
+func (b *Backend) Adopt(ctx context.Context, key, from, to string, fence uint64) (bool, error) {
+	if err := b.checkKey(ctx, key); err != nil {
+		return false, err
+	}
+	if from == "" || to == "" || fence == 0 {
+		return false, fmt.Errorf("redislock: adopt %q: %w: empty token or zero fence", key, dlock.ErrInvalidOption)
+	}
+	keys := []string{b.lockName(key)}
+	run := func(ctx context.Context) (any, error) {
+		return agreeScript.Run(ctx, b.rdb, keys, from, to, strconv.FormatUint(fence, 10)).Result()
+	}
+	v, err := guard(b, ctx, true, run, nil)
+	if err != nil {
+		return false, b.callErr("adopt", key, err)
+	}
+	switch v := v.(type) {
+	case int64:
+		switch v {
+		case codeDone:
+			return true, nil
+		case codeNotHeld:
+			return false, nil
+		}
+	case []any:
+		if len(v) > 0 && v[0] == int64(codeWrongType) {
+			return false, wrongType(v, false)
+		}
+	}
+	return false, unexpected("adopt", v)
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -45,25 +44,17 @@ func TestKeyLayout(t *testing.T) {
 	r := req(k, time.Minute)
 	g := mustGrant(t, b, r)
 	ctx := ctxT(t, 5*time.Second)
-	h, err := rdb.HGetAll(ctx, lock).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := map[string]string{"owner": r.Token, "count": "1", "fence": strconv.FormatUint(g.Fence, 10)}
-	if fmt.Sprint(h) != fmt.Sprint(want) {
-		t.Fatalf("lock hash: got %v, want %v", h, want)
+	v, ok := readLock(t, rdb, b, k)
+	if want := (lockValue{Fence: g.Fence, Count: 1, Token: r.Token}); !ok || v != want {
+		t.Fatalf("lock value: got %+v (present %v), want %+v", v, ok, want)
 	}
 	if pttl := rdb.PTTL(ctx, lock).Val(); pttl <= 0 || pttl > time.Minute {
 		t.Fatalf("lock PTTL: got %v, want in (0, 1m]", pttl)
 	}
-	counter, err := rdb.Get(ctx, lock+":fence").Uint64()
-	if err != nil || counter != g.Fence {
-		t.Fatalf("fence counter: got %d, %v, want %d", counter, err, g.Fence)
+	if n := rdb.Exists(ctx, lock+":fence", lock+":q").Val(); n != 0 {
+		t.Fatalf("keys besides the lock: EXISTS got %d, want 0", n)
 	}
-	if ttl := rdb.TTL(ctx, lock+":fence").Val(); ttl != -1 {
-		t.Fatalf("fence counter TTL: got %v, want none (-1)", ttl)
-	}
-	// The fence is the server time in µs (the counter started empty).
+	// The fence is the server time in µs.
 	now := rdb.Time(ctx).Val()
 	if d := now.Sub(time.UnixMicro(int64(g.Fence))); d < 0 || d > time.Minute {
 		t.Fatalf("fence %d is %v before the server time %v, want a recent server time in µs", g.Fence, d, now)
@@ -103,8 +94,8 @@ func TestReentrant(t *testing.T) {
 	if err := b.Release(ctx, r); err != nil {
 		t.Fatalf("first Release: %v", err)
 	}
-	if got := rdb.HGet(ctx, lock, "count").Val(); got != "1" {
-		t.Fatalf("count after one release: got %q, want 1", got)
+	if v, _ := readLock(t, rdb, b, r.Key); v.Count != 1 {
+		t.Fatalf("count after one release: got %d, want 1", v.Count)
 	}
 	if err := b.Release(ctx, r); err != nil {
 		t.Fatalf("last Release: %v", err)
@@ -126,7 +117,7 @@ func TestNotHeldChangesNothing(t *testing.T) {
 	r := req(key(t), time.Minute)
 	g := mustGrant(t, b, r)
 	lock := b.LockName(r.Key)
-	before := rdb.HGetAll(ctx, lock).Val()
+	before := rdb.Get(ctx, lock).Val()
 	wrongToken := dlock.Request{Key: r.Key, Token: "intruder", TTL: time.Hour, Fence: g.Fence}
 	wrongFence := dlock.Request{Key: r.Key, Token: r.Token, TTL: time.Hour, Fence: g.Fence - 1}
 	for _, bad := range []dlock.Request{wrongToken, wrongFence} {
@@ -137,7 +128,7 @@ func TestNotHeldChangesNothing(t *testing.T) {
 			t.Fatalf("Release(%+v): got %v, want ErrNotHeld", bad, err)
 		}
 	}
-	if after := rdb.HGetAll(ctx, lock).Val(); fmt.Sprint(after) != fmt.Sprint(before) {
+	if after := rdb.Get(ctx, lock).Val(); after != before {
 		t.Fatalf("lock after refused calls: got %v, want %v", after, before)
 	}
 	if pttl := rdb.PTTL(ctx, lock).Val(); pttl > time.Minute {
@@ -182,8 +173,8 @@ func TestFenceMonotonic(t *testing.T) {
 				t.Fatalf("fence after DEL %d: got %d, want > %d", i, f, last)
 			}
 			last = f
-			if n := rdb.Del(ctx, lock, lock+":fence").Val(); n != 2 {
-				t.Fatalf("DEL of the lock and its fence counter: got %d, want 2", n)
+			if n := rdb.Del(ctx, lock).Val(); n != 1 {
+				t.Fatalf("DEL of the lock: got %d, want 1", n)
 			}
 		}
 	})
@@ -403,23 +394,20 @@ func TestWrongType(t *testing.T) {
 		if ttl := rdb.TTL(ctx, lock).Val(); ttl != -1 {
 			t.Fatalf("the list's TTL: got %v, want none", ttl)
 		}
-		if n := rdb.Exists(ctx, lock+":fence").Val(); n != 0 {
-			t.Fatalf("fence counter created: EXISTS got %d, want 0", n)
-		}
 	})
-	t.Run("FenceKey", func(t *testing.T) {
+	t.Run("UserString", func(t *testing.T) {
 		r := req(key(t), time.Minute)
 		lock := b.LockName(r.Key)
-		rdb.SAdd(ctx, lock+":fence", "x")
+		rdb.Set(ctx, lock, "user data", 0)
 		_, err := b.TryAcquire(ctx, r)
-		if !errors.Is(err, dlock.ErrWrongType) || !strings.Contains(err.Error(), lock+":fence") {
-			t.Fatalf("TryAcquire with a set as fence counter: got %v, want ErrWrongType naming %q", err, lock+":fence")
+		if !errors.Is(err, dlock.ErrWrongType) || !strings.Contains(err.Error(), lock) || !strings.Contains(err.Error(), "string") {
+			t.Fatalf("TryAcquire over a user's string: got %v, want ErrWrongType naming %q and string", err, lock)
 		}
-		if n := rdb.Exists(ctx, lock).Val(); n != 0 {
-			t.Fatalf("lock created: EXISTS got %d, want 0", n)
+		if err := b.Release(ctx, r); !errors.Is(err, dlock.ErrWrongType) || !errors.Is(err, dlock.ErrNotHeld) {
+			t.Fatalf("Release over a user's string: got %v, want ErrWrongType and ErrNotHeld", err)
 		}
-		if got := rdb.SMembers(ctx, lock+":fence").Val(); len(got) != 1 || got[0] != "x" {
-			t.Fatalf("the set after the call: got %v, want [x]", got)
+		if got := rdb.Get(ctx, lock).Val(); got != "user data" {
+			t.Fatalf("the string after the calls: got %q, want it intact", got)
 		}
 	})
 	t.Run("QueueKey", func(t *testing.T) {
@@ -427,17 +415,19 @@ func TestWrongType(t *testing.T) {
 		lock := b.LockName(r.Key)
 		rdb.Set(ctx, lock+":q", "user data", 0)
 		c := newClient(t, rdb)
-		if _, err := c.Acquire(ctx, r.Key, dlock.WithFIFO()); !errors.Is(err, dlock.ErrWrongType) || !strings.Contains(err.Error(), lock+":q") {
-			t.Fatalf("FIFO Acquire with a string as the queue: got %v, want ErrWrongType naming %q", err, lock+":q")
+		// Taking a free lock does not read the queue (TryAcquire, or the
+		// first step of a wait); waiting behind a held lock does.
+		mustGrant(t, b, r)
+		ctx2, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		if _, err := c.Acquire(ctx2, r.Key, dlock.WithFIFO()); !errors.Is(err, dlock.ErrWrongType) || !strings.Contains(err.Error(), lock+":q") {
+			t.Fatalf("FIFO Acquire of a held lock with a string as the queue: got %v, want ErrWrongType naming %q", err, lock+":q")
 		}
-		if _, err := b.TryAcquire(ctx, r); !errors.Is(err, dlock.ErrWrongType) {
-			t.Fatalf("TryAcquire with a string as the queue: got %v, want ErrWrongType", err)
+		if err := b.Release(ctx, r); err != nil {
+			t.Fatal(err)
 		}
 		if got := rdb.Get(ctx, lock+":q").Val(); got != "user data" {
 			t.Fatalf("the string after the calls: got %q, want it intact", got)
-		}
-		if n := rdb.Exists(ctx, lock).Val(); n != 0 {
-			t.Fatalf("lock created: EXISTS got %d, want 0", n)
 		}
 	})
 	t.Run("ForeignHash", func(t *testing.T) {
@@ -613,7 +603,7 @@ func TestOptions(t *testing.T) {
 			if err := b.Release(ctx, req("k", time.Second)); !errors.Is(err, dlock.ErrInvalidOption) {
 				t.Fatalf("Release: got %v, want ErrInvalidOption", err)
 			}
-			if _, _, err := b.Subscribe(ctx, "k"); !errors.Is(err, dlock.ErrInvalidOption) {
+			if _, _, err := b.Watch(ctx, "k"); !errors.Is(err, dlock.ErrInvalidOption) {
 				t.Fatalf("Subscribe: got %v, want ErrInvalidOption", err)
 			}
 			if err := dlock.New(b).Err(); err != nil {
@@ -694,7 +684,7 @@ func TestInspectForceRelease(t *testing.T) {
 	if err != nil || !info.Held || info.Owner != r.Token || info.Fence != g.Fence || info.Count != 2 || info.TTL <= 30*time.Second || info.TTL > time.Minute {
 		t.Fatalf("Inspect: got %+v, %v, want held by %q, fence %d, count 2, TTL ≈ 1m", info, err, r.Token, g.Fence)
 	}
-	ch, stop, err := b.Subscribe(ctx, r.Key)
+	ch, stop, err := b.Watch(ctx, r.Key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -738,7 +728,7 @@ func TestCloseKeepsClient(t *testing.T) {
 	ctx := ctxT(t, 5*time.Second)
 	k := key(t)
 	mustGrant(t, b, req(k, time.Second))
-	ch, stop, err := b.Subscribe(ctx, k)
+	ch, stop, err := b.Watch(ctx, k)
 	if err != nil || ch == nil {
 		t.Fatalf("Subscribe: %v", err)
 	}
@@ -755,7 +745,7 @@ func TestCloseKeepsClient(t *testing.T) {
 	if _, err := b.TryAcquire(ctx, req(k, time.Second)); !errors.Is(err, dlock.ErrClosed) {
 		t.Fatalf("TryAcquire after Close: got %v, want ErrClosed", err)
 	}
-	if _, _, err := b.Subscribe(ctx, k); !errors.Is(err, dlock.ErrClosed) {
+	if _, _, err := b.Watch(ctx, k); !errors.Is(err, dlock.ErrClosed) {
 		t.Fatalf("Subscribe after Close: got %v, want ErrClosed", err)
 	}
 }

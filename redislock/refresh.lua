@@ -1,27 +1,28 @@
 -- refresh.lua: extend a lock held by a token.
 --
--- KEYS[1]  the lock hash
+-- KEYS[1]  the lock
 -- ARGV[1]  the owner token
 -- ARGV[2]  the fence of the grant, or "" to match any
--- ARGV[3]  the new TTL in milliseconds
+-- ARGV[3]  the TTL in milliseconds
 --
--- A lock handed over to a FIFO waiter and not claimed yet (field claim) is
--- claimed by its holder's refresh: the waiter may hold it from the hand-off
--- message on, and its first renewal confirms it (see fifo.go).
+-- The deadline becomes max(deadline, now + TTL): a refresh never shortens
+-- a lock. A lock handed to a FIFO waiter and not confirmed yet (flag c) is
+-- confirmed by its holder's refresh (see fifo.go).
 --
--- Returns 1 when extended,
+-- Returns 1 when extended (or already later),
 --         0 when the token does not hold the lock (nothing changed),
 --         {-1, key, type} when the key holds a value of another type.
+--#include lib.lua
 local lock = KEYS[1]
-local h = redis.pcall('HMGET', lock, 'owner', 'fence', 'claim')
-if h['err'] then
-  return {-1, lock, redis.call('TYPE', lock)['ok']}
+local state, f, n, fl, a, t = decode(lock, redis.pcall('GET', lock))
+if state == 'wrong' then
+  return f
 end
-if h[1] ~= ARGV[1] or (ARGV[2] ~= '' and h[2] ~= ARGV[2]) then
+if state ~= 'lock' or n == 0 or t ~= ARGV[1] or (ARGV[2] ~= '' and fmt(f) ~= ARGV[2]) then
   return 0
 end
-if h[3] then
-  redis.call('HDEL', lock, 'claim')
+if has(fl, 'c') then
+  redis.call('SET', lock, pack(f, n, string.gsub(fl, 'c', ''), a, t), 'KEEPTTL')
 end
-redis.call('PEXPIRE', lock, ARGV[3])
+redis.call('PEXPIRE', lock, ARGV[3], 'GT')
 return 1

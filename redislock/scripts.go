@@ -1,26 +1,22 @@
 package redislock
 
 import (
-	"context"
 	_ "embed"
-	"errors"
-	"fmt"
 	"strings"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 )
 
 // The scripts, embedded from their .lua files. A line "--#include NAME"
-// in a script is replaced by the library file NAME (fence.lua,
+// in a script is replaced by the library file NAME (lib.lua,
 // queue_lib.lua), so each operation stays one EVALSHA and each script
 // creates the library functions only where its slower paths need them.
 // redis.Script runs them with EVALSHA and falls back to EVAL when the
 // server answers NOSCRIPT (after a restart or SCRIPT FLUSH); RefreshMany
 // and the WithReplicas pipelines do the same.
 var (
-	//go:embed fence.lua
-	fenceLib string
+	//go:embed lib.lua
+	lib string
 	//go:embed queue_lib.lua
 	queueLib string
 	//go:embed acquire.lua
@@ -37,6 +33,8 @@ var (
 	queueSrc string
 	//go:embed leave.lua
 	leaveSrc string
+	//go:embed agree.lua
+	agreeSrc string
 
 	acquireScript    = script(acquireSrc)
 	acquireAllScript = script(acquireAllSrc)
@@ -45,13 +43,14 @@ var (
 	inspectScript    = script(inspectSrc)
 	queueScript      = script(queueSrc)
 	leaveScript      = script(leaveSrc)
+	agreeScript      = script(agreeSrc)
 )
 
 // script expands the "--#include NAME" lines of src and returns the
 // script. An unknown NAME is a bug in this package: it panics when the
 // package is initialised, before any user input is seen.
 func script(src string) *redis.Script {
-	libs := map[string]string{"fence.lua": fenceLib, "queue_lib.lua": queueLib}
+	libs := map[string]string{"lib.lua": lib, "queue_lib.lua": queueLib}
 	lines := strings.SplitAfter(src, "\n")
 	for i, l := range lines {
 		name, ok := strings.CutPrefix(strings.TrimRight(l, "\n"), "--#include ")
@@ -65,77 +64,4 @@ func script(src string) *redis.Script {
 		lines[i] = lib + "\n"
 	}
 	return redis.NewScript(strings.Join(lines, ""))
-}
-
-// ErrNotReplicated reports that an acquisition was not acknowledged by as
-// many replicas as WithReplicas asks for within its timeout. The lock was
-// released again (one hold of it, for a reentrant owner). Match it with
-// errors.Is; it does not match dlock.ErrNotAcquired.
-var ErrNotReplicated = errors.New("redislock: lock not replicated")
-
-// reply is the outcome of one script run. With WithReplicas, acks is the
-// number of replicas that acknowledged it (WAIT's reply) and waitErr the
-// failure of WAIT itself; without, acks is -1.
-type reply struct {
-	v       any
-	acks    int
-	waitErr error
-}
-
-// eval runs s once. With WithReplicas it sends WAIT n timeout right behind
-// the script in ONE pipeline, so both use the same connection (WAIT counts
-// the writes of its own connection); on a ClusterClient the pipeline goes
-// to the primary of keys[0]'s slot.
-func (b *Backend) eval(ctx context.Context, s *redis.Script, keys []string, args ...any) (reply, error) {
-	if b.cfg.replicas == 0 {
-		v, err := s.Run(ctx, b.rdb, keys, args...).Result()
-		return reply{v: v, acks: -1}, err
-	}
-	var conn interface{ Pipeline() redis.Pipeliner } = b.rdb
-	if cc, ok := b.rdb.(*redis.ClusterClient); ok {
-		node, err := cc.MasterForKey(ctx, keys[0])
-		if err != nil {
-			return reply{}, err
-		}
-		conn = node
-	}
-	waitMs := int64(b.cfg.replWait / time.Millisecond)
-	send := func(eval bool) (*redis.Cmd, *redis.Cmd) {
-		pipe := conn.Pipeline()
-		var cmd *redis.Cmd
-		if eval {
-			cmd = s.Eval(ctx, pipe, keys, args...)
-		} else {
-			cmd = s.EvalSha(ctx, pipe, keys, args...)
-		}
-		wait := pipe.Do(ctx, "wait", b.cfg.replicas, waitMs)
-		_, _ = pipe.Exec(ctx) // errors are per command
-		return cmd, wait
-	}
-	cmd, wait := send(false)
-	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-		cmd, wait = send(true)
-	}
-	v, err := cmd.Result()
-	if err != nil {
-		return reply{}, err
-	}
-	acks, err := wait.Int64()
-	return reply{v: v, acks: int(acks), waitErr: err}, nil
-}
-
-// replicated reports an error matching ErrNotReplicated when r was not
-// acknowledged by enough replicas.
-func (b *Backend) replicated(op, key string, r reply) error {
-	switch {
-	case r.acks < 0 || r.acks >= b.cfg.replicas && r.waitErr == nil:
-		return nil
-	case r.waitErr != nil:
-		return fmt.Errorf("%w: %s %q: WAIT %d %v failed: %w", ErrNotReplicated, op, key, b.cfg.replicas, b.cfg.replWait, r.waitErr)
-	case r.acks == 0:
-		return fmt.Errorf("%w: %s %q: no replica acknowledged within %v, want %d (does the server have connected replicas?); the lock was released",
-			ErrNotReplicated, op, key, b.cfg.replWait, b.cfg.replicas)
-	}
-	return fmt.Errorf("%w: %s %q: %d of %d replicas acknowledged within %v; the lock was released",
-		ErrNotReplicated, op, key, r.acks, b.cfg.replicas, b.cfg.replWait)
 }

@@ -146,16 +146,15 @@ func sentinelFailover(t *testing.T, s *testserver.Sentinel, newFC func(*testing.
 			}
 			got <- w
 		}()
-		// Let the waiter find the lock held (and subscribe).
-		waitFor(t, 10*time.Second, "the waiter to subscribe", func() bool {
+		// Let the waiter find the lock held (and queue).
+		waitFor(t, 10*time.Second, "the waiter to queue", func() bool {
 			addr, err := s.MasterAddr(ctx)
 			if err != nil {
 				return false
 			}
 			admin := redis.NewClient(&redis.Options{Addr: addr})
 			defer admin.Close()
-			m := admin.PubSubNumSub(ctx, "dlock:{"+k+"}:rel").Val()
-			return m["dlock:{"+k+"}:rel"] > 0
+			return admin.ZCard(ctx, "dlock:{"+k+"}:q").Val() > 0
 		})
 		released := time.Now()
 		if err := l.Release(ctx); err != nil {

@@ -18,9 +18,10 @@
 // (3 of 5 tolerates two failed nodes).
 //
 // Each node is driven by a redislock.Backend, so a Redlock lock is, on
-// each node, exactly a redislock lock (same Lua scripts, key layout and
-// fence counter, see package redislock); this package adds the quorum, the
-// fence agreement and the node timeout. The Backend implements
+// each node, exactly a redislock lock (same Lua scripts and key layout,
+// see package redislock); this package knows none of them and goes through
+// redislock's API (TryAcquireClock, Adopt, Watch, Release, Refresh). It
+// adds the quorum, the fence agreement and the node timeout. The Backend implements
 // dlock.Backend, dlock.BatchRefresher, dlock.Notifier, dlock.Inspector and
 // dlock.ForceReleaser, so the dlock.Client's watchdog, wait strategies and
 // release notifications work as on one Redis server. It has no server-side
@@ -37,7 +38,11 @@
 //     non-reentrant attempt proposes a fence floor: this process's clock
 //     in µs plus 5ms (and plus how far ahead of it the nodes' fences were
 //     seen), above every floor and fence it proposed or saw before. On a
-//     node the script issues max(counter+1, server TIME in µs, floor).
+//     node the script issues max(server TIME in µs, floor, a tombstone's
+//     fence + 1) and reports its TIME; how far the nodes' clocks run ahead
+//     of this process's is learnt from those (TIME less this process's
+//     clock when the reply came: a lower bound, which a stalled client
+//     cannot inflate), not from the fences.
 //  2. The attempt needs a quorum of grants. As soon as a quorum can no
 //     longer be reached it stops waiting for slow nodes (fail fast). Once
 //     the outcome is decided, slower nodes get a grace of as long as the
@@ -45,11 +50,16 @@
 //     node that works, and a failed attempt undoes at once what it knows
 //     of.
 //  3. When every node answered and every grant carries exactly the floor,
-//     the nodes agree already: the granting quorum's counters are at the
-//     floor, which is the fence. Otherwise the fence is the maximum over
-//     the granting nodes (one more, if that is the floor); it is written
-//     back to every node that answered (see Fencing) and the lease needs a
-//     quorum of confirmations.
+//     the nodes agree already: the floor is the fence. Otherwise the fence
+//     is the maximum over the granting nodes (one more, if that is the
+//     floor); it is written back (redislock's Adopt: token and fence) to
+//     every node that answered and the lease needs a quorum of
+//     confirmations. A reentrant attempt re-enters when a quorum of nodes
+//     count an earlier hold (fence: the highest they report); when some
+//     but fewer than a quorum do, whether the earlier hold is alive is not
+//     known: the attempt gives its holds back and reports the lock held,
+//     so the Client retries instead of taking it for a fresh grant (which
+//     would report the earlier, healthy lease lost).
 //  4. The lease's validity TTL − elapsed − Drift(TTL), elapsed measured
 //     from before step 1 and Drift(TTL) = TTL/100 + 2ms, must be positive.
 //     The dlock.Client's Lease.Expires is computed the same way from the
@@ -78,8 +88,11 @@
 // An uncontended acquisition costs two parallel round trips (acquire,
 // release) when the nodes agree on the floor, as redislock's one node
 // does, and three (acquire, write-back, release) when they do not (a
-// node's clock or counter ahead of the floor, a node that did not answer). Each node's go-redis
-// client should not retry on its own (MaxRetries: -1 and DialerRetries: 1
+// node's clock or a tombstone ahead of the floor, a node that did not
+// answer). Server commands per node and cycle: 6, plus 1 when the
+// acquire finds the tombstone of a release less than the floor's margin
+// ago (S1 measured 35.5 per cycle of 5 nodes, redsync(5) 20). Each node's
+// go-redis client should not retry on its own (MaxRetries: -1 and DialerRetries: 1
 // in redis.Options; go-redis otherwise retries a refused dial 5 times,
 // 100ms apart): Redlock tolerates failed nodes, a retry only spends the
 // node timeout, and a command retried after the attempt gave up on it
@@ -93,29 +106,27 @@
 //
 // Claim. If lease A of a key was returned with fence Fa, and lease B of
 // the same key is granted after A (they cannot overlap: both need a
-// quorum), then Fb > Fa, provided the nodes keep their data (below).
+// quorum), then Fb > Fa, under the clock assumption below.
 //
-// Argument. Before A is returned, a quorum QA of nodes confirmed the
-// write-back of Fa, or (no write-back needed) granted A with exactly Fa:
-// either way each set its fence counter to at least Fa while holding A. B was granted by a quorum QB. Two quorums intersect, so
-// some node n is in both. On n, A held the lock when the write-back ran,
-// and B could only take it after A's hold on n ended, so B's acquire
-// script ran after the write-back and issued fb,n ≥ counter + 1 > Fa. Fb
-// is the maximum over QB, so Fb ≥ fb,n > Fa. The write-back goes to every
-// node that answered, not just a quorum, so usually all N counters are at
-// least Fa and the claim survives up to N − quorum nodes losing theirs.
+// Argument. Before A is returned, a quorum QA of nodes holds A with fence
+// Fa (written back, or granted with exactly Fa). B was granted by a
+// quorum QB. Two quorums intersect, so some node n is in both, and B's
+// script on n ran after A's hold on n ended. A's hold ended by a release,
+// which leaves a tombstone at Fa for as long as Fa ran ahead of n's clock
+// at the grant (redislock: AHEAD), so B's script issued either more than
+// the tombstone or its TIME, which is past Fa once the tombstone is gone;
+// or by an expiry, a lease TTL after the grant, when n's TIME is past Fa
+// as long as Fa ran ahead of n's clock by less than the TTL. Fb is the
+// maximum over QB, so Fb ≥ fb,n > Fa.
 //
-// Assumptions, and where they fail. The argument needs a node of QA ∩ QB
-// to keep its counter from A's write-back to B's acquisition. A node that
-// restarts empty (no persistence) loses it; if so many nodes restart that
-// B's quorum sees none of the counters, B's fences come only from the
-// servers' clocks: TIME in µs, which is still above Fa unless a node's
-// clock stood ahead of the others' by more than the time between A's grant
-// and B's (redislock's doc explains the clock fallback). So: with
-// persistence (appendonly yes, appendfsync always) fences are
-// clock-independent; without it they stay increasing as long as a
-// majority keeps its data, or, failing that, as long as the nodes' clocks
-// agree to within the time between two grants.
+// Assumptions, and where they fail. A fence runs ahead of a node's clock
+// by the floor's margin (5ms) plus how far the fastest node's clock runs
+// ahead of the others'. So fences strictly increase as long as the nodes'
+// clocks agree to within the lease TTL minus 5 ms, and no node of QA ∩ QB
+// restarts empty within that margin after A's hold ended there; a node
+// that restarts empty issues its TIME, which is past Fa under the same
+// assumption. Keys left behind by a fence ahead of a clock (tombstones)
+// expire when the clock passes the fence.
 //
 // # Mutual exclusion and the delayed-restart rule
 //
@@ -147,13 +158,16 @@
 // lease could have expired. Nodes that lost the lock (a restart) are not
 // re-acquired: the lease runs on the nodes that still hold it.
 // RefreshMany refreshes a batch in one pipeline per node. Release releases
-// on every node; it reports ErrNotHeld only when no node that answered
-// held the lock.
+// on every node and succeeds once a quorum released it. A Release that
+// finds the lease on fewer than a quorum (a straggler node that still held
+// it, the others not) reports dlock.ErrNotHeld: no quorum held the lease,
+// so it had been lost; the stragglers are released all the same.
 //
-// Subscribe (dlock.Notifier) subscribes on every node, through each node's
-// one shared pub/sub connection, and returns once a quorum confirmed; a
-// release publishes on every node that was waited on, and the first
-// notification from any node wakes the waiter.
+// Subscribe (dlock.Notifier) watches the release channel on every node
+// (redislock's Watch, through each node's one shared pub/sub connection),
+// and returns once a quorum confirmed; a release publishes on every node
+// where a TryAcquire found the lock held, and the first message from any
+// node wakes the waiter.
 //
 // # Which backend
 //
@@ -168,10 +182,10 @@
 //	                  may lose a lock)
 //	consistency       async replication:   quorum + clocks: needs  consensus: no clock
 //	                  AP                   the TTL/drift bounds    assumption for order
-//	fencing           TIME-based counter   counter, agreed on a    revision / zxid
-//	                                       quorum (above)
+//	fencing           server TIME in µs    max over a quorum,      revision / zxid
+//	                                       agreed (above)
 //	dead holder       TTL expiry           TTL expiry              lease / session expiry
-//	fair (FIFO)       with WithFIFO        no                      yes (queue)
+//	fair (FIFO)       yes (queue)          no                      yes (queue)
 //	reentrant         WithOwner            WithOwner               WithOwner
 //	operations        one server           five independent        a 3- or 5-member
 //	                                       servers                 cluster

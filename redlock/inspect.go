@@ -88,7 +88,7 @@ func (b *Backend) Inspect(ctx context.Context, key string) (dlock.Info, error) {
 
 // ForceRelease implements dlock.ForceReleaser: it deletes the lock on
 // every node whoever holds it there (redislock's ForceRelease: release
-// notifications are published and fence counters kept), and returns the
+// notifications are published and fences keep increasing), and returns the
 // merged view of what it removed, as Inspect does. Locks held on a
 // minority of nodes (an attempt under way, a split vote) are removed too.
 // The error reports nodes that did not answer when they could have held a

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -215,4 +216,17 @@ func req(key string, ttl time.Duration) dlock.Request {
 func isNodeErr(err error) bool {
 	var ne *dlock.NodeError
 	return errors.As(err, &ne)
+}
+
+// tombstone returns the value of a free lock whose next fence must exceed
+// fence (redislock's layout, as a node would leave it behind a fence that
+// ran ahead of its clock).
+func tombstone(fence uint64) string {
+	return strconv.FormatUint(fence, 10) + ":0::0:"
+}
+
+// parseU parses a decimal uint64, 0 if it is not one.
+func parseU(s string) uint64 {
+	n, _ := strconv.ParseUint(s, 10, 64)
+	return n
 }

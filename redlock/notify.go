@@ -36,7 +36,7 @@ func (b *Backend) Subscribe(ctx context.Context, key string) (<-chan struct{}, f
 	deadline := time.Now().Add(timeout)
 	ans, err := gather(ctx, b, b.all, fan{deadline: deadline, timeout: timeout, grace: true},
 		func(ctx context.Context, i int) (nodeSub, error) {
-			ch, stop, err := b.nodes[i].Subscribe(ctx, key)
+			ch, stop, err := b.nodes[i].Watch(ctx, key)
 			return nodeSub{ch, stop}, err
 		},
 		quorumJudge(b.quorum, func(_ nodeSub, err error) bool { return err == nil }),

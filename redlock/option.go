@@ -117,3 +117,7 @@ func WithSubscribeTimeout(d time.Duration) Option {
 		return nil
 	}
 }
+
+// MinTTL implements dlock.TTLFloor: it returns MinTTL, below which the
+// node timeout and the drift allowance leave no validity.
+func (b *Backend) MinTTL() time.Duration { return MinTTL }

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -64,7 +65,7 @@ func TestPropertyFaults(t *testing.T) {
 			dlock.WithWait(dlock.Exponential(time.Millisecond, ttl/4))))
 	}
 	rdbs := newClients(t, func(o *redis.Options) { o.MaxRetries = -1 })
-	counterKey := redislock.New(rdbs[0]).LockName(k) + ":fence"
+	lockKey := redislock.New(rdbs[0]).LockName(k)
 
 	// Node states; the cleanup (registered after the clients, so run before
 	// they close) brings every node back.
@@ -101,15 +102,22 @@ func TestPropertyFaults(t *testing.T) {
 		return c[rng.IntN(len(c))]
 	}
 	var lastFence uint64
-	// counterOK reports that node i's counter is known to be ≥ lastFence.
+	// counterOK reports that node i is known to issue fences above
+	// lastFence: its lock (or tombstone) carries a fence ≥ lastFence, or
+	// its clock has passed it.
 	counterOK := func(i int) bool {
 		if !up(i) {
 			return false
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 		defer cancel()
-		c, err := rdbs[i].Get(ctx, counterKey).Uint64()
-		return err == nil && c >= lastFence
+		if v, err := rdbs[i].Get(ctx, lockKey).Result(); err == nil {
+			if f, _, _ := strings.Cut(v, ":"); parseU(f) >= lastFence {
+				return true
+			}
+		}
+		now, err := rdbs[i].Time(ctx).Result()
+		return err == nil && uint64(now.UnixMicro()) > lastFence
 	}
 	var stats struct{ pauses, resumes, kills, restarts, skews, granted, busy, failed, released, abandoned int }
 
@@ -164,12 +172,20 @@ func TestPropertyFaults(t *testing.T) {
 			}
 			downAt[i] = time.Now()
 			stats.kills++
-		case 3: // a node's counter jumps ahead, as if its clock ran fast
+		case 3: // a free node's fences jump ahead of its clock, as if the
+			// clock ran fast: by less than half the TTL, within the clock
+			// skew the fences allow, for as long
 			if i := pick(up); i >= 0 {
 				ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-				err := rdbs[i].Set(ctx, counterKey, lastFence+1+rng.Uint64N(1e9), 0).Err()
+				now, err := rdbs[i].Time(ctx).Result()
+				if err != nil {
+					cancel()
+					return
+				}
+				skew := uint64(now.UnixMicro()) + 1 + rng.Uint64N(uint64(ttl.Microseconds()/2))
+				ok, err := rdbs[i].SetNX(ctx, lockKey, tombstone(skew), ttl/2).Result()
 				cancel()
-				if err == nil {
+				if err == nil && ok {
 					stats.skews++
 				}
 			}

@@ -143,17 +143,17 @@ func plant(t *testing.T, key, token string, ttl time.Duration, idx ...int) {
 
 // TestWriteBack checks that after an acquisition every node holds the
 // lock for the lease's token with the lease's fence (the maximum of the
-// nodes' fences), and that every such node's counter is at least that
-// fence.
+// nodes' fences), and that after the release every such node keeps a
+// tombstone at that fence while it runs ahead of the node's clock.
 func TestWriteBack(t *testing.T) {
 	b := newBackend(t, redlock.WithNodeTimeout(nodeTimeout))
 	k := key(t)
-	// Node 3's counter runs far ahead (as if its clock did): the fence must
+	// Node 3's fences run far ahead (as if its clock did): the fence must
 	// come from it.
-	ahead := uint64(time.Now().UnixMicro()) + 1e12
+	ahead := uint64(time.Now().UnixMicro()) + 1e9
 	rdbs := newClients(t)
 	lock := redislock.New(rdbs[0]).LockName(k)
-	if err := rdbs[3].Set(context.Background(), lock+":fence", ahead, 0).Err(); err != nil {
+	if err := rdbs[3].Set(context.Background(), lock, tombstone(ahead), time.Hour).Err(); err != nil {
 		t.Fatal(err)
 	}
 	r := acquire(t, b, k, 5*time.Second)
@@ -166,12 +166,14 @@ func TestWriteBack(t *testing.T) {
 	}
 	// Every node that answered in time holds the lease (a node slower
 	// than the quorum and its grace is left out: on this loaded machine
-	// that happens), and every counter is at least the fence.
+	// that happens).
 	holding := 0
+	var held []int
 	for i, n := range infos {
 		switch {
 		case n.Err == nil && n.Info.Held && n.Info.Owner == r.Token && n.Info.Fence == r.Fence && n.Info.Count == 1:
 			holding++
+			held = append(held, i)
 		case n.Err == nil && !n.Info.Held:
 			// Its acquire answered after the fan-out gave up on it, so it
 			// got no write-back either.
@@ -180,10 +182,6 @@ func TestWriteBack(t *testing.T) {
 		default:
 			t.Errorf("node %d: got %+v, want held by %s with fence %d", i, n, r.Token, r.Fence)
 		}
-		waitFor(t, 5*time.Second, "node "+strconv.Itoa(i)+"'s counter to reach the fence", func() bool {
-			c, err := rdbs[i].Get(context.Background(), lock+":fence").Uint64()
-			return err == nil && c >= r.Fence
-		})
 	}
 	if holding < 3 {
 		t.Fatalf("%d nodes hold the lease, want at least the quorum 3", holding)
@@ -198,6 +196,15 @@ func TestWriteBack(t *testing.T) {
 	}
 	if err := b.Release(ctxT(t, 10*time.Second), r); err != nil {
 		t.Fatalf("Release: %v", err)
+	}
+	// Every node that held the lease got the release before Release
+	// returned, or gets it shortly after (a node slower than the quorum):
+	// then a second Release finds no node holding it.
+	for _, i := range held {
+		waitFor(t, 5*time.Second, "node "+strconv.Itoa(i)+" to leave a tombstone at the fence", func() bool {
+			v, err := rdbs[i].Get(context.Background(), lock).Result()
+			return err == nil && strings.HasPrefix(v, strconv.FormatUint(r.Fence, 10)+":0:")
+		})
 	}
 	if err := b.Release(ctxT(t, 10*time.Second), r); !errors.Is(err, dlock.ErrNotHeld) {
 		t.Fatalf("second Release: got %v, want ErrNotHeld", err)
@@ -412,17 +419,17 @@ func TestSplitVote(t *testing.T) {
 	}
 }
 
-// TestRestartEmpty: a node whose counter ran ahead of the others is
-// restarted empty; the next fences are still higher, because the
-// write-back raised every other node's counter.
+// TestRestartEmpty: nodes whose fences ran ahead of the others are
+// restarted empty; the next fences are still higher, because the nodes
+// that held the lease keep a tombstone at its fence after the release.
 func TestRestartEmpty(t *testing.T) {
 	b := newBackend(t, redlock.WithNodeTimeout(nodeTimeout))
 	k := key(t)
 	rdbs := newClients(t)
 	lock := redislock.New(rdbs[0]).LockName(k)
-	ahead := uint64(time.Now().UnixMicro()) + 1e12 // a clock an hour... or 11 days ahead
+	ahead := uint64(time.Now().UnixMicro()) + 1e9 // clocks 1000s ahead
 	for _, i := range []int{0, 4} {
-		if err := rdbs[i].Set(context.Background(), lock+":fence", ahead, 0).Err(); err != nil {
+		if err := rdbs[i].Set(context.Background(), lock, tombstone(ahead), time.Hour).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -447,13 +454,6 @@ func TestRestartEmpty(t *testing.T) {
 		last = r.Fence
 		if err := b.Release(ctxT(t, 10*time.Second), r); err != nil {
 			t.Fatal(err)
-		}
-	}
-	// The restarted nodes caught up too.
-	for _, i := range []int{0, 4} {
-		c, err := rdbs[i].Get(context.Background(), lock+":fence").Uint64()
-		if err != nil || c < last {
-			t.Fatalf("node %d counter: got %d (%v), want ≥ %d", i, c, err, last)
 		}
 	}
 }
@@ -482,9 +482,10 @@ func TestRefreshQuorum(t *testing.T) {
 	if err := b.RefreshMany(ctxT(t, 10*time.Second), []dlock.Request{r})[0]; !errors.Is(err, dlock.ErrNotHeld) {
 		t.Fatalf("RefreshMany with the lock deleted on 3 nodes: got %v, want ErrNotHeld", err)
 	}
-	// Release still frees the two nodes that hold it.
-	if err := b.Release(ctxT(t, 10*time.Second), r); err != nil {
-		t.Fatalf("Release on the 2 nodes that hold it: %v", err)
+	// Release of a lease no quorum holds reports it (ErrNotHeld) and still
+	// frees the two nodes that hold it.
+	if err := b.Release(ctxT(t, 10*time.Second), r); !errors.Is(err, dlock.ErrNotHeld) {
+		t.Fatalf("Release on the 2 nodes that hold it: got %v, want ErrNotHeld", err)
 	}
 	info, err := b.Inspect(ctxT(t, 10*time.Second), k)
 	if err != nil || info.Held {
@@ -542,6 +543,10 @@ func TestWrongType(t *testing.T) {
 		t.Fatalf("Release: %v", err)
 	}
 	for _, i := range []int{1, 2} {
+		// DEL first: the release may have left a tombstone.
+		if err := rdbs[i].Del(context.Background(), lock).Err(); err != nil {
+			t.Fatal(err)
+		}
 		if err := rdbs[i].RPush(context.Background(), lock, "x").Err(); err != nil {
 			t.Fatal(err)
 		}
@@ -785,7 +790,9 @@ type writeBacks struct{ n atomic.Int64 }
 
 func (w *writeBacks) count(cmd redis.Cmder) {
 	a := cmd.Args()
-	if name := cmd.Name(); (name == "evalsha" || name == "eval") && len(a) > 2 && fmt.Sprint(a[2]) == "2" {
+	// agree.lua: one key, then two node tokens (both with "~").
+	if name := cmd.Name(); (name == "evalsha" || name == "eval") && len(a) == 7 && fmt.Sprint(a[2]) == "1" &&
+		strings.Contains(fmt.Sprint(a[4]), "~") && strings.Contains(fmt.Sprint(a[5]), "~") {
 		w.n.Add(1)
 	}
 }
@@ -806,8 +813,8 @@ func (w *writeBacks) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 }
 
 // TestFloorAgreement: on healthy nodes the nodes issue the proposed
-// floor, so an acquisition needs no write-back, and every node's counter
-// is at the fence. (An acquisition in which a node answers after the
+// floor, so an acquisition needs no write-back, and every node's lock
+// carries the fence. (An acquisition in which a node answers after the
 // quorum's grace, which a loaded machine makes happen, takes the
 // write-back path instead: at least one of twenty must go without.)
 // Inspect reports the lease's token either way.
@@ -835,8 +842,8 @@ func TestFloorAgreement(t *testing.T) {
 		last = r.Fence
 		ok := true
 		for i, w := range wbs {
-			v, err := rdbs[i].Get(context.Background(), lock+":fence").Uint64()
-			ok = ok && w.n.Load() == 0 && err == nil && v == r.Fence
+			v, err := rdbs[i].Get(context.Background(), lock).Result()
+			ok = ok && w.n.Load() == 0 && err == nil && strings.HasPrefix(v, strconv.FormatUint(r.Fence, 10)+":1:")
 		}
 		if ok {
 			agreed++
@@ -874,7 +881,15 @@ func TestRefreshManyLargeBatch(t *testing.T) {
 	rs := make([]dlock.Request, n)
 	if err := scale.Each(n, 8, func(i int) error {
 		r := req(base+strconv.Itoa(i), time.Minute)
-		g, err := b.TryAcquire(ctxT(t, 10*time.Second), r)
+		// The setup, not what is tested: on a loaded machine a node may
+		// miss the 50ms node timeout, so an attempt that failed is retried
+		// (until the failed attempt's holds are given back in the
+		// background, the next one finds the lock held).
+		ctx := ctxT(t, 10*time.Second)
+		g, err := b.TryAcquire(ctx, r)
+		for (err != nil || !g.OK) && ctx.Err() == nil {
+			g, err = b.TryAcquire(ctx, r)
+		}
 		if err != nil || !g.OK {
 			return fmt.Errorf("TryAcquire %d: got %+v, %v, want a grant", i, g, err)
 		}

@@ -59,78 +59,66 @@ func numSub(t *testing.T, rdb *redis.Client, channel string) int64 {
 	return m[channel]
 }
 
-// TestSharedSubscription has waiters on several keys (two on one key)
+// TestSharedSubscription watches several keys (two watches on one key)
 // and counts the Backend's pub/sub connections on the server: exactly one.
 // It also checks the per-channel reference counts: one server
-// subscription per key, dropped after the last waiter.
+// subscription per key, dropped after the last watch stops.
 func TestSharedSubscription(t *testing.T) {
 	admin := newRDB(t, srv.Addr())
 	name := "shared-" + strings.ToLower(key(t)[len(t.Name())+1:])
 	rdb := newRDB(t, srv.Addr(), func(o *redis.Options) { o.ClientName = name })
 	b := redislock.New(rdb)
-	c := dlock.New(b, dlock.WithWait(dlock.Constant(10*time.Second)))
-	t.Cleanup(func() { c.Close() })
-	holders := newClient(t, newRDB(t, srv.Addr()))
+	t.Cleanup(func() { b.Close() })
 	ctx := ctxT(t, 30*time.Second)
 
 	keys := []string{key(t), key(t), key(t), key(t)}
-	var leases []*dlock.Lease
+	var reqs []dlock.Request
 	for _, k := range keys {
-		l, err := holders.Acquire(ctx, k)
+		r := req(k, time.Minute)
+		mustGrant(t, b, r)
+		reqs = append(reqs, r)
+	}
+	// Watches: one per key, plus a second one on keys[0].
+	watchKeys := append([]string{keys[0]}, keys...)
+	var chans []<-chan struct{}
+	var stops []func()
+	for _, k := range watchKeys {
+		ch, stop, err := b.Watch(ctx, k)
 		if err != nil {
 			t.Fatal(err)
 		}
-		leases = append(leases, l)
-	}
-	// Waiters: one per key, plus a second one on keys[0].
-	waitKeys := append([]string{keys[0]}, keys...)
-	var wg sync.WaitGroup
-	got := make(chan *dlock.Lease, len(waitKeys))
-	errc := make(chan error, len(waitKeys))
-	for _, k := range waitKeys {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			l, err := c.Acquire(ctx, k)
-			if err != nil {
-				errc <- err
-				return
-			}
-			got <- l
-		}()
+		chans, stops = append(chans, ch), append(stops, stop)
 	}
 	channel := func(k string) string { return b.LockName(k) + ":rel" }
-	waitFor(t, 10*time.Second, "every key's channel subscribed", func() bool {
-		for _, k := range keys {
-			if numSub(t, admin, channel(k)) != 1 {
-				return false
-			}
+	for _, k := range keys {
+		if n := numSub(t, admin, channel(k)); n != 1 {
+			t.Fatalf("NUMSUB %s after Watch returned: got %d, want 1", channel(k), n)
 		}
-		return true
-	})
-	if n := pubsubConns(t, admin, name); n != 1 {
-		t.Fatalf("pub/sub connections of one Backend with %d waiters on %d keys: got %d, want 1", len(waitKeys), len(keys), n)
 	}
-	// Release everything; each waiter gets its key in turn.
-	for _, l := range leases {
-		if err := l.Release(ctx); err != nil {
+	if n := pubsubConns(t, admin, name); n != 1 {
+		t.Fatalf("pub/sub connections of one Backend with %d watches on %d keys: got %d, want 1", len(watchKeys), len(keys), n)
+	}
+	// Another token finds each lock held, so its release is published.
+	for i, r := range reqs {
+		other := dlock.Request{Key: r.Key, Token: "other", TTL: time.Second}
+		if g, err := b.TryAcquire(ctx, other); err != nil || g.OK {
+			t.Fatalf("TryAcquire by another token: got %+v, %v, want not granted", g, err)
+		}
+		if err := b.Release(ctx, reqs[i]); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for range waitKeys {
+	for i, ch := range chans {
 		select {
-		case l := <-got:
-			if err := l.Release(ctx); err != nil {
-				t.Fatal(err)
-			}
-		case err := <-errc:
-			t.Fatalf("waiter: %v", err)
+		case <-ch:
 		case <-time.After(5 * time.Second):
-			t.Fatal("a waiter was not woken within 5s of the releases (its strategy waits 10s)")
+			t.Fatalf("watch %d (%s) not told of the release within 5s", i, watchKeys[i])
 		}
 	}
-	wg.Wait()
-	waitFor(t, 5*time.Second, "every channel unsubscribed after the last waiter", func() bool {
+	for _, stop := range stops {
+		stop()
+	}
+	waitFor(t, 5*time.Second, "every channel unsubscribed after the last watch", func() bool {
 		for _, k := range keys {
 			if numSub(t, admin, channel(k)) != 0 {
 				return false
@@ -139,9 +127,9 @@ func TestSharedSubscription(t *testing.T) {
 		return true
 	})
 	if n := pubsubConns(t, admin, name); n != 1 {
-		t.Fatalf("pub/sub connections after the waits: got %d, want 1 (kept until Close)", n)
+		t.Fatalf("pub/sub connections after the watches: got %d, want 1 (kept until Close)", n)
 	}
-	if err := c.Close(); err != nil {
+	if err := b.Close(); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 5*time.Second, "the pub/sub connection closed by Close", func() bool {
@@ -161,7 +149,7 @@ func TestSubscribeFanOut(t *testing.T) {
 	ctx := ctxT(t, 10*time.Second)
 	r := req(key(t), time.Minute)
 	channel := b.LockName(r.Key) + ":rel"
-	ch1, stop1, err := b.Subscribe(ctx, r.Key)
+	ch1, stop1, err := b.Watch(ctx, r.Key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,7 +157,7 @@ func TestSubscribeFanOut(t *testing.T) {
 	if n := numSub(t, admin, channel); n != 1 {
 		t.Fatalf("NUMSUB after Subscribe returned: got %d, want 1", n)
 	}
-	ch2, stop2, err := b.Subscribe(ctx, r.Key)
+	ch2, stop2, err := b.Watch(ctx, r.Key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -239,7 +227,7 @@ func TestSubscribeFanOut(t *testing.T) {
 		return numSub(t, admin, channel) == 0
 	})
 	// Subscribe again after the unsubscription.
-	_, stop3, err := b.Subscribe(ctx, r.Key)
+	_, stop3, err := b.Watch(ctx, r.Key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -265,7 +253,7 @@ func TestSubscribeChurn(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := 0; i < 30; i++ {
-				ch, stop, err := b.Subscribe(ctx, k)
+				ch, stop, err := b.Watch(ctx, k)
 				if err != nil {
 					errc <- err
 					return
@@ -311,15 +299,16 @@ func TestSubscribeChurn(t *testing.T) {
 	})
 }
 
-// TestWokenByNotification: a waiter whose strategy would wait 10s between
-// attempts gets the lock promptly after the holder releases it.
-func TestWokenByNotification(t *testing.T) {
+// TestWokenByHandOff: a waiter whose strategy would wait 10s between
+// attempts (an Acquire without WithFIFO) queues and gets the lock promptly
+// when the holder releases it.
+func TestWokenByHandOff(t *testing.T) {
 	rdb := newRDB(t, srv.Addr())
 	holder := newClient(t, rdb, dlock.WithTTL(time.Minute))
 	waiter := newClient(t, newRDB(t, srv.Addr()), dlock.WithWait(dlock.Constant(10*time.Second)))
 	ctx := ctxT(t, 30*time.Second)
 	k := key(t)
-	channel := redislock.New(rdb).LockName(k) + ":rel"
+	b := redislock.New(rdb)
 	for i := 0; i < 3; i++ {
 		l, err := holder.Acquire(ctx, k)
 		if err != nil {
@@ -335,8 +324,8 @@ func TestWokenByNotification(t *testing.T) {
 			}
 			got <- l
 		}()
-		waitFor(t, 5*time.Second, "the waiter to subscribe", func() bool {
-			return numSub(t, rdb, channel) == 1
+		waitFor(t, 5*time.Second, "the waiter to queue", func() bool {
+			return queueLen(t, rdb, b, k) == 1
 		})
 		released := time.Now()
 		if err := l.Release(ctx); err != nil {
@@ -362,7 +351,8 @@ func TestWokenByNotification(t *testing.T) {
 
 // TestWaitBoundedByHolderTTL: the holder never releases (TTL 300ms, no
 // renewal); a waiter with a 10s strategy gets the lock shortly after the
-// holder's lease expires: its wait is bounded by the holder's PTTL.
+// holder's lease expires: its heartbeat steps (every WithWaiterTTL/4)
+// find the lock free.
 func TestWaitBoundedByHolderTTL(t *testing.T) {
 	const ttl = 300 * time.Millisecond
 	holder := newClient(t, newRDB(t, srv.Addr()), dlock.WithTTL(ttl), dlock.WithAutoRenew(false))
@@ -407,7 +397,7 @@ func TestSubscriptionSurvivesReconnect(t *testing.T) {
 	b := newBackend(t, rdb)
 	ctx := ctxT(t, 30*time.Second)
 	r := req(key(t), time.Minute)
-	ch, stop, err := b.Subscribe(ctx, r.Key)
+	ch, stop, err := b.Watch(ctx, r.Key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -444,7 +434,7 @@ func TestSubscribeServerDown(t *testing.T) {
 	b := newBackend(t, newRDB(t, srv2.Addr()), redislock.WithSubscribeTimeout(500*time.Millisecond))
 	ctx := ctxT(t, 30*time.Second)
 	k := key(t)
-	_, stop, err := b.Subscribe(ctx, k)
+	_, stop, err := b.Watch(ctx, k)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -453,7 +443,7 @@ func TestSubscribeServerDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	_, _, err = b.Subscribe(ctx, k+"2")
+	_, _, err = b.Watch(ctx, k+"2")
 	if err == nil || !strings.Contains(err.Error(), srv2.Addr()) {
 		t.Fatalf("Subscribe with the server down: got %v, want an error naming %s", err, srv2.Addr())
 	}
@@ -464,7 +454,7 @@ func TestSubscribeServerDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "Subscribe to work again", func() bool {
-		_, stop, err := b.Subscribe(ctx, k)
+		_, stop, err := b.Watch(ctx, k)
 		if err == nil {
 			stop()
 		}

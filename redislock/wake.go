@@ -15,10 +15,10 @@ import (
 
 // The hub multiplexes the release notifications of every key a Backend's
 // waiters wait on over ONE pub/sub connection, read by ONE dispatch
-// goroutine (both started by the first Subscribe, ended by Close).
+// goroutine (both started by the first Watch or Wait, ended by Close).
 //
 // Each channel ("topic") is subscribed on the server while it has waiters:
-// SUBSCRIBE for the first, UNSUBSCRIBE after the last. Subscribe returns
+// SUBSCRIBE for the first, UNSUBSCRIBE after the last. Watch returns
 // only once the server has confirmed the subscription. Replies on one
 // connection come in command order, so a "subscribe" confirmation counts
 // only when no UNSUBSCRIBE of the same channel is still unconfirmed (it
@@ -51,7 +51,7 @@ type hub struct {
 	wakeSem chan struct{} // buffer one; made by New: serializes wakeReady
 
 	mu      sync.Mutex
-	ps      *redis.PubSub // nil until the first Subscribe
+	ps      *redis.PubSub // nil until the first Watch or Wait
 	topics  map[string]*topic
 	closed  bool
 	broken  bool // the connection must be replaced (a resubscription failed)
@@ -127,14 +127,15 @@ func (w *waiter) notify() {
 	}
 }
 
-// Subscribe implements dlock.Notifier. It returns a channel that receives
-// a value (without blocking, buffer one) after each release of key, and a
-// function that ends the subscription; it returns once the server has
-// confirmed the subscription on the Backend's shared pub/sub connection,
-// or fails after ctx ends or WithSubscribeTimeout (default 3s) passes.
-// Notifications are hints: one lost while the connection was being
-// re-established is made up for by a wake-up when it is back.
-func (b *Backend) Subscribe(ctx context.Context, key string) (<-chan struct{}, func(), error) {
+// Watch returns a channel that receives a value (without blocking,
+// buffer one) after each release of key that a TryAcquire found held, and
+// a function that ends the watch. It returns once the server confirmed the
+// subscription on the Backend's shared pub/sub connection, or fails after
+// ctx ends or WithSubscribeTimeout passes. Messages are hints: one lost
+// while the connection was re-established is made up for by a wake-up
+// when it is back. Package redlock uses it; the dlock.Client waits in the
+// queue (Wait) instead.
+func (b *Backend) Watch(ctx context.Context, key string) (<-chan struct{}, func(), error) {
 	if err := b.checkKey(ctx, key); err != nil {
 		return nil, nil, err
 	}
