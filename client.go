@@ -564,7 +564,8 @@ func (c *Client) grant(ctx context.Context, req Request, g Grant, invoke time.Ti
 	return l, nil
 }
 
-// releaseAt gives r's lock back at t, unless the Client closes first.
+// releaseAt gives r's lock back at t, unless the Client closes first
+// (then the lock expires by itself).
 func (c *Client) releaseAt(r Request, t time.Time, timeout time.Duration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -582,7 +583,9 @@ func (c *Client) releaseAt(r Request, t time.Time, timeout time.Duration) {
 		c.batches.Add(1)
 		c.mu.Unlock()
 		defer c.batches.Done()
-		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		// Close ends it: a server that does not answer must not hold
+		// Close for the release timeout.
+		ctx, cancel := context.WithTimeout(c.closeCtx, timeout)
 		defer cancel()
 		_ = c.b.Release(ctx, r)
 	})

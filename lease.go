@@ -336,7 +336,7 @@ func (l *Lease) hitMaxHold() {
 	c.batches.Add(1)
 	c.mu.Unlock()
 	defer c.batches.Done()
-	ctx, cancel := context.WithTimeout(context.Background(), l.releaseTimeout)
+	ctx, cancel := context.WithTimeout(c.closeCtx, l.releaseTimeout)
 	defer cancel()
 	_ = l.c.b.Release(ctx, l.request())
 }
