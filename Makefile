@@ -1,16 +1,19 @@
 # dlock — two commands do all the set-up on a fresh machine (Go + apt):
 #   make demo   the inventory/oversell story and friends, on throwaway local servers
-#   make test   the whole suite (installs redis-server, etcd, zookeeper when missing)
+#   make test   the whole suite (installs redis-server, etcd, zookeeper, postgresql when missing),
+#               lint (go vet, staticcheck) and modcheck (every module installs from a module proxy)
 
 SHELL := /bin/bash
 GO ?= go
 # Every module of the workspace.
 MODULES := $(shell $(GO) work edit -json | sed -n 's/.*"DiskPath": "\(.*\)".*/\1/p')
 TESTFLAGS ?= -race -count=1 -timeout 20m
+# staticcheck 2026.2.2, fetched through the module proxy (checked with Go 1.26).
+STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: test servers fmt-check vet unit demo bench
+.PHONY: test servers fmt-check vet lint unit modcheck tidy demo bench
 
-test: servers fmt-check vet unit
+test: servers fmt-check lint unit modcheck
 
 servers:
 	@bash scripts/install-servers.sh
@@ -21,8 +24,22 @@ fmt-check:
 vet:
 	@set -e; for m in $(MODULES); do echo "go vet $$m"; (cd $$m && $(GO) vet ./...); done
 
+# lint: go vet and staticcheck (default checks) over every module.
+lint: vet
+	@set -e; for m in $(MODULES); do echo "staticcheck $$m"; (cd $$m && $(GO) run $(STATICCHECK) ./...); done
+
 unit:
 	@set -e; for m in $(MODULES); do echo "go test $$m"; (cd $$m && $(GO) test $(TESTFLAGS) ./...); done
+
+# modcheck: every module installs from a file proxy built from a tagged copy
+# of the working tree, offline (scripts/modcheck.sh, docs/RELEASING.md).
+modcheck:
+	@bash scripts/modcheck.sh
+
+# tidy: go mod tidy in every module (or M=dir) before this repository's
+# versions are published.
+tidy:
+	@bash scripts/modcheck.sh tidy $(M)
 
 demo: servers
 	@cd cmd/dlock && $(GO) run . demo

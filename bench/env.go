@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -190,13 +189,6 @@ func (e *env) close() {
 	if err := errors.Join(errs...); err != nil {
 		e.logf("stopping servers: %v", err)
 	}
-}
-
-func (e *env) addrsJSON() string {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	b, _ := json.Marshal(e.a)
-	return string(b)
 }
 
 // versions describes the servers that ran.

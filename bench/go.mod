@@ -4,7 +4,7 @@ go 1.25.0
 
 require (
 	github.com/bsm/redislock v0.9.4
-	github.com/dlock-go/dlock v0.0.0
+	github.com/dlock-go/dlock v0.1.0
 	github.com/go-redsync/redsync/v4 v4.15.0
 	github.com/go-zookeeper/zk v1.0.4
 	github.com/redis/go-redis/v9 v9.20.1
@@ -26,8 +26,8 @@ require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/coreos/go-semver v0.3.0 // indirect
 	github.com/coreos/go-systemd/v22 v22.3.2 // indirect
-	github.com/dlock-go/dlock/etcdlock v0.0.0
-	github.com/dlock-go/dlock/zklock v0.0.0
+	github.com/dlock-go/dlock/etcdlock v0.1.0
+	github.com/dlock-go/dlock/zklock v0.1.0
 	github.com/gogo/protobuf v1.3.2 // indirect
 	github.com/golang/freetype v0.0.0-20170609003504-e2365dfdc4a0 // indirect
 	github.com/golang/protobuf v1.5.4 // indirect
@@ -46,9 +46,3 @@ require (
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20250115164207-1a7da9e5054f // indirect
 	google.golang.org/protobuf v1.36.4 // indirect
 )
-
-replace github.com/dlock-go/dlock => ../
-
-replace github.com/dlock-go/dlock/etcdlock => ../etcdlock
-
-replace github.com/dlock-go/dlock/zklock => ../zklock

@@ -3,7 +3,7 @@ module github.com/dlock-go/dlock/dlockotel
 go 1.25.0
 
 require (
-	github.com/dlock-go/dlock v0.0.0
+	github.com/dlock-go/dlock v0.1.0
 	github.com/redis/go-redis/v9 v9.20.1
 	go.opentelemetry.io/otel v1.41.0
 	go.opentelemetry.io/otel/metric v1.41.0
@@ -22,5 +22,3 @@ require (
 	go.uber.org/atomic v1.11.0 // indirect
 	golang.org/x/sys v0.41.0 // indirect
 )
-
-replace github.com/dlock-go/dlock => ../

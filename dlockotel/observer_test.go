@@ -271,7 +271,8 @@ func TestReleaseNilContext(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Acquire: %v", err)
 	}
-	if err := l.Release(nil); !errors.Is(err, dlock.ErrInvalidOption) { //nolint:staticcheck
+	//lint:ignore SA1012 tests Release's nil-context guard
+	if err := l.Release(nil); !errors.Is(err, dlock.ErrInvalidOption) {
 		t.Fatalf("Release(nil): got %v, want ErrInvalidOption", err)
 	}
 	wantSum(t, tm, dlockotel.MetricLeasesHeld, 1)
@@ -280,7 +281,8 @@ func TestReleaseNilContext(t *testing.T) {
 	}
 	wantSum(t, tm, dlockotel.MetricLeasesHeld, 0)
 	// Rejected after the release: still counted once.
-	if err := l.Release(nil); !errors.Is(err, dlock.ErrInvalidOption) { //nolint:staticcheck
+	//lint:ignore SA1012 tests Release's nil-context guard
+	if err := l.Release(nil); !errors.Is(err, dlock.ErrInvalidOption) {
 		t.Fatalf("Release(nil) after Release: got %v, want ErrInvalidOption", err)
 	}
 	wantSum(t, tm, dlockotel.MetricLeasesHeld, 0)

@@ -3,7 +3,7 @@ module github.com/dlock-go/dlock/etcdlock
 go 1.25.0
 
 require (
-	github.com/dlock-go/dlock v0.0.0
+	github.com/dlock-go/dlock v0.1.0
 	go.etcd.io/etcd/api/v3 v3.5.27
 	go.etcd.io/etcd/client/v3 v3.5.27
 	go.uber.org/goleak v1.3.0
@@ -26,5 +26,3 @@ require (
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20250115164207-1a7da9e5054f // indirect
 	google.golang.org/protobuf v1.36.4 // indirect
 )
-
-replace github.com/dlock-go/dlock => ../

@@ -1,17 +1,22 @@
--- Fenced read: read the register and claim it for the reader's fence, so
--- that a holder with an older fence can no longer write it (a fence
+-- Fenced read: read the register and claim it for the reader's token, so
+-- that a holder with an older token can no longer write it (a fence
 -- checked only on the write does not protect a read-modify-write: the old
 -- holder could write between the new holder's read and write).
--- KEYS[1] = the value hash: v = value, f = highest fence accepted,
--- o = its owner. ARGV = fence, owner.
--- Accept when fence > highest, or fence == highest from the same owner
+-- KEYS[1] = the value hash: v = value, f = fence and e = epoch of the
+-- highest token accepted (no e: epoch 0), o = its owner.
+-- ARGV = fence, owner, epoch.
+-- Accept when (epoch, fence) > highest, or == highest from the same owner
 -- (package fence's rule). Returns {1, value or ""} when accepted, and
--- {0, highest} when rejected.
-local cur = redis.call('HMGET', KEYS[1], 'v', 'f', 'o')
+-- {0, highest fence, its epoch} when rejected.
+local cur = redis.call('HMGET', KEYS[1], 'v', 'f', 'o', 'e')
 local highest = tonumber(cur[2] or '0')
+local hepoch = tonumber(cur[4] or '0')
 local fence = tonumber(ARGV[1])
-if fence < highest or (fence == highest and cur[2] and cur[3] ~= ARGV[2]) then
-  return {0, tostring(cur[2])}
+local epoch = tonumber(ARGV[3])
+local older = epoch < hepoch or (epoch == hepoch and fence < highest)
+local same = epoch == hepoch and fence == highest
+if older or (same and cur[2] and cur[3] ~= ARGV[2]) then
+  return {0, tostring(cur[2]), tostring(cur[4] or '0')}
 end
-redis.call('HSET', KEYS[1], 'f', ARGV[1], 'o', ARGV[2])
+redis.call('HSET', KEYS[1], 'f', ARGV[1], 'o', ARGV[2], 'e', ARGV[3])
 return {1, cur[1] or ''}

@@ -77,3 +77,84 @@ func TestSQLPredicate(t *testing.T) {
 		t.Fatalf("got %q, want %q", got, want)
 	}
 }
+
+func TestTokenCompare(t *testing.T) {
+	for _, tc := range []struct {
+		a, b fence.Token
+		want int
+	}{
+		{fence.Token{Fence: 1}, fence.Token{Fence: 2}, -1},
+		{fence.Token{Fence: 2}, fence.Token{Fence: 2}, 0},
+		{fence.Token{Epoch: 1, Fence: 1}, fence.Token{Fence: 1 << 62}, 1}, // a new epoch beats any older fence
+		{fence.Token{Epoch: 1, Fence: 9}, fence.Token{Epoch: 2, Fence: 1}, -1},
+	} {
+		if got := tc.a.Compare(tc.b); got != tc.want {
+			t.Errorf("%v.Compare(%v): got %d, want %d", tc.a, tc.b, got, tc.want)
+		}
+		if got := tc.b.Compare(tc.a); got != -tc.want {
+			t.Errorf("%v.Compare(%v): got %d, want %d", tc.b, tc.a, got, -tc.want)
+		}
+	}
+}
+
+// A resource guarded with fences of one backend (large, time-based) moves
+// to another backend whose fences start small: the new epoch's first write
+// supersedes every old fence, and the old backend's holders are refused.
+func TestGuardEpochSwitch(t *testing.T) {
+	var g fence.Guard
+	const oldFence = 1_764_000_000_000_000 // a Redis TIME-µs sized fence
+	if err := g.Check("r", oldFence, "a"); err != nil {
+		t.Fatal(err)
+	}
+	// Without an epoch the new backend's small fence is refused.
+	if err := g.Check("r", 12, "b"); !errors.Is(err, fence.ErrStale) {
+		t.Fatalf("small fence of the new backend without an epoch: got %v, want ErrStale", err)
+	}
+	steps := []struct {
+		tok   fence.Token
+		owner string
+		ok    bool
+	}{
+		{fence.Token{Epoch: 1, Fence: 12}, "b", true},            // first write of epoch 1
+		{fence.Token{Epoch: 0, Fence: oldFence + 1}, "a", false}, // a late writer of the old backend
+		{fence.Token{Epoch: 1, Fence: 12}, "b", true},            // the same lease again
+		{fence.Token{Epoch: 1, Fence: 12}, "c", false},           // equal token, other owner
+		{fence.Token{Epoch: 1, Fence: 11}, "c", false},           // older fence of the same epoch
+		{fence.Token{Epoch: 1, Fence: 13}, "c", true},            // newer fence of the same epoch
+	}
+	for i, s := range steps {
+		err := g.CheckToken("r", s.tok, s.owner)
+		if (err == nil) != s.ok {
+			t.Fatalf("step %d CheckToken(%v, %s): got %v, want ok=%v", i, s.tok, s.owner, err, s.ok)
+		}
+		var se *fence.StaleError
+		if err != nil && (!errors.As(err, &se) || se.HighestEpoch != 1 || se.Epoch != s.tok.Epoch) {
+			t.Fatalf("step %d: got %v, want a StaleError naming both epochs", i, err)
+		}
+	}
+	if got, want := g.HighestToken("r"), (fence.Token{Epoch: 1, Fence: 13}); got != want {
+		t.Fatalf("HighestToken: got %v, want %v", got, want)
+	}
+	if got := g.Highest("r"); got != 13 {
+		t.Fatalf("Highest: got %d, want 13", got)
+	}
+}
+
+func TestSQLTokenPredicate(t *testing.T) {
+	got := fence.SQLTokenPredicate("epoch", "fence", "$1", "$2")
+	want := "(COALESCE(epoch, 0) < $1 OR (COALESCE(epoch, 0) = $1 AND (fence IS NULL OR fence < $2)))"
+	if got != want {
+		t.Fatalf("got %q, want %q", got, want)
+	}
+}
+
+func TestStaleErrorMessage(t *testing.T) {
+	plain := &fence.StaleError{Resource: "r", Fence: 4, Highest: 9}
+	if got, want := plain.Error(), `dlock: fence: write to "r" with fence 4 rejected: fence 9 already accepted`; got != want {
+		t.Errorf("plain: got %q, want %q", got, want)
+	}
+	epochs := &fence.StaleError{Resource: "r", Fence: 1 << 50, Highest: 12, HighestEpoch: 1}
+	if got, want := epochs.Error(), `dlock: fence: write to "r" with epoch 0 fence 1125899906842624 rejected: epoch 1 fence 12 already accepted`; got != want {
+		t.Errorf("with epochs: got %q, want %q", got, want)
+	}
+}

@@ -21,8 +21,9 @@ var claimLua string
 var claimScript = redis.NewScript(claimLua)
 
 // Redis stores fenced values in Redis: each value is a hash holding the
-// value, the highest fence accepted and its owner, updated by one script
-// so the check and the write are atomic on the server.
+// value, the highest token accepted (fence f, epoch e; no e is epoch 0)
+// and its owner, updated by one script so the check and the write are
+// atomic on the server.
 type Redis struct {
 	rdb RedisClient
 }
@@ -39,38 +40,63 @@ func NewRedis(rdb RedisClient) *Redis { return &Redis{rdb: rdb} }
 
 // Set writes value under key if fence by owner is accepted (see the
 // package rule); otherwise it returns a *StaleError and writes nothing.
-// A key holding something other than a fenced value is an error.
+// A key holding something other than a fenced value is an error. It is
+// SetToken with epoch 0.
 func (r *Redis) Set(ctx context.Context, key, value string, fence uint64, owner string) error {
-	res, err := setScript.Run(ctx, r.rdb, []string{key}, value, strconv.FormatUint(fence, 10), owner).Int64Slice()
+	return r.SetToken(ctx, key, value, Token{Fence: fence}, owner)
+}
+
+// SetToken writes value under key if tok by owner is accepted: newer than
+// the highest token stored, or equal to it from the same owner. Otherwise
+// it returns a *StaleError and writes nothing. Epochs and fences above
+// 2^53 are not supported (Lua numbers are doubles).
+func (r *Redis) SetToken(ctx context.Context, key, value string, tok Token, owner string) error {
+	res, err := setScript.Run(ctx, r.rdb, []string{key}, value, strconv.FormatUint(tok.Fence, 10), owner,
+		strconv.FormatUint(tok.Epoch, 10)).Int64Slice()
 	if err != nil {
 		return fmt.Errorf("dlock: fence: set %q: %w", key, err)
+	}
+	if len(res) != 3 {
+		return fmt.Errorf("dlock: fence: set %q: unexpected reply %v", key, res)
 	}
 	if res[0] == 1 {
 		return nil
 	}
-	return &StaleError{Resource: key, Fence: fence, Highest: uint64(res[1])}
+	return &StaleError{Resource: key, Fence: tok.Fence, Highest: uint64(res[1]), Epoch: tok.Epoch, HighestEpoch: uint64(res[2])}
 }
 
-// Get returns the value and the highest accepted fence under key; a
-// missing key returns "", 0 and no error.
+// Get returns the value and the fence of the highest accepted token under
+// key; a missing key returns "", 0 and no error.
 func (r *Redis) Get(ctx context.Context, key string) (value string, fence uint64, err error) {
-	vals, err := r.rdb.HMGet(ctx, key, "v", "f").Result()
+	value, tok, err := r.GetToken(ctx, key)
+	return value, tok.Fence, err
+}
+
+// GetToken returns the value and the highest accepted token under key; a
+// missing key returns "", the zero Token and no error.
+func (r *Redis) GetToken(ctx context.Context, key string) (string, Token, error) {
+	vals, err := r.rdb.HMGet(ctx, key, "v", "f", "e").Result()
 	if errors.Is(err, redis.Nil) {
-		return "", 0, nil
+		return "", Token{}, nil
 	}
 	if err != nil {
-		return "", 0, fmt.Errorf("dlock: fence: get %q: %w", key, err)
+		return "", Token{}, fmt.Errorf("dlock: fence: get %q: %w", key, err)
 	}
 	if vals[0] == nil {
-		return "", 0, nil
+		return "", Token{}, nil
 	}
-	value, _ = vals[0].(string)
+	value, _ := vals[0].(string)
+	var tok Token
 	fs, _ := vals[1].(string)
-	fence, err = strconv.ParseUint(fs, 10, 64)
-	if err != nil {
-		return "", 0, fmt.Errorf("dlock: fence: get %q: malformed fence %q", key, fs)
+	if tok.Fence, err = strconv.ParseUint(fs, 10, 64); err != nil {
+		return "", Token{}, fmt.Errorf("dlock: fence: get %q: malformed fence %q", key, fs)
 	}
-	return value, fence, nil
+	if es, ok := vals[2].(string); ok {
+		if tok.Epoch, err = strconv.ParseUint(es, 10, 64); err != nil {
+			return "", Token{}, fmt.Errorf("dlock: fence: get %q: malformed epoch %q", key, es)
+		}
+	}
+	return value, tok, nil
 }
 
 // Claim reads the value under key and, in the same atomic step, records
@@ -79,20 +105,33 @@ func (r *Redis) Get(ctx context.Context, key string) (value string, fence uint64
 // read of a read-modify-write: a fence checked only on the write does not
 // protect one, because the old holder could write between the new
 // holder's read and its write. A rejected claim returns a *StaleError and
-// changes nothing; a missing key reads as "".
+// changes nothing; a missing key reads as "". It is ClaimToken with epoch 0.
 func (r *Redis) Claim(ctx context.Context, key string, fence uint64, owner string) (string, error) {
-	res, err := claimScript.Run(ctx, r.rdb, []string{key}, strconv.FormatUint(fence, 10), owner).Slice()
+	return r.ClaimToken(ctx, key, Token{Fence: fence}, owner)
+}
+
+// ClaimToken is Claim for a token: it reads the value under key and
+// records tok by owner as the highest accepted, if SetToken would accept
+// it; otherwise it returns a *StaleError and changes nothing.
+func (r *Redis) ClaimToken(ctx context.Context, key string, tok Token, owner string) (string, error) {
+	res, err := claimScript.Run(ctx, r.rdb, []string{key}, strconv.FormatUint(tok.Fence, 10), owner,
+		strconv.FormatUint(tok.Epoch, 10)).Slice()
 	if err != nil {
 		return "", fmt.Errorf("dlock: fence: claim %q: %w", key, err)
 	}
-	if len(res) != 2 {
+	if len(res) == 0 {
+		return "", fmt.Errorf("dlock: fence: claim %q: empty reply", key)
+	}
+	if ok, _ := res[0].(int64); ok == 1 && len(res) == 2 {
+		v, _ := res[1].(string)
+		return v, nil
+	}
+	if len(res) != 3 {
 		return "", fmt.Errorf("dlock: fence: claim %q: unexpected reply %v", key, res)
 	}
-	if ok, _ := res[0].(int64); ok != 1 {
-		hs, _ := res[1].(string)
-		highest, _ := strconv.ParseUint(hs, 10, 64)
-		return "", &StaleError{Resource: key, Fence: fence, Highest: highest}
-	}
-	v, _ := res[1].(string)
-	return v, nil
+	hs, _ := res[1].(string)
+	es, _ := res[2].(string)
+	highest, _ := strconv.ParseUint(hs, 10, 64)
+	hepoch, _ := strconv.ParseUint(es, 10, 64)
+	return "", &StaleError{Resource: key, Fence: tok.Fence, Highest: highest, Epoch: tok.Epoch, HighestEpoch: hepoch}
 }

@@ -111,3 +111,40 @@ func TestRedisClaim(t *testing.T) {
 		t.Fatalf("new holder's write: %v", err)
 	}
 }
+
+// The Redis store applies the token rule; values written before epochs
+// were used (no epoch field) are epoch 0.
+func TestRedisEpochs(t *testing.T) {
+	ctx := context.Background()
+	s := fence.NewRedis(rdb)
+	key := "fence:" + t.Name()
+	rdb.Del(ctx, key)
+	const oldFence = 1_764_000_000_000_000
+	// A value as stored before epochs: no "e" field.
+	if err := rdb.HSet(ctx, key, "v", "old", "f", oldFence, "o", "a").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, tok, err := s.GetToken(ctx, key); err != nil || tok != (fence.Token{Fence: oldFence}) {
+		t.Fatalf("GetToken of a value without an epoch: got %v, %v; want epoch 0 fence %d", tok, err, oldFence)
+	}
+	if err := s.SetToken(ctx, key, "new", fence.Token{Epoch: 1, Fence: 12}, "b"); err != nil {
+		t.Fatalf("first write of epoch 1: %v", err)
+	}
+	err := s.Set(ctx, key, "late", oldFence+1, "a")
+	var se *fence.StaleError
+	if !errors.As(err, &se) || se.HighestEpoch != 1 || se.Highest != 12 {
+		t.Fatalf("late write of epoch 0: got %v, want a StaleError with highest epoch 1 fence 12", err)
+	}
+	if _, err := s.ClaimToken(ctx, key, fence.Token{Epoch: 1, Fence: 11}, "c"); !errors.As(err, &se) || se.HighestEpoch != 1 || se.Highest != 12 {
+		t.Fatalf("claim with an older fence of epoch 1: got %v, want a StaleError with highest epoch 1 fence 12", err)
+	}
+	if v, err := s.ClaimToken(ctx, key, fence.Token{Epoch: 2, Fence: 1}, "d"); err != nil || v != "new" {
+		t.Fatalf("claim of epoch 2: got %q, %v; want \"new\"", v, err)
+	}
+	if err := s.SetToken(ctx, key, "x", fence.Token{Epoch: 1, Fence: 99}, "b"); !errors.Is(err, fence.ErrStale) {
+		t.Fatalf("write of epoch 1 after a claim of epoch 2: got %v, want ErrStale", err)
+	}
+	if v, tok, err := s.GetToken(ctx, key); err != nil || v != "new" || tok != (fence.Token{Epoch: 2, Fence: 1}) {
+		t.Fatalf("GetToken: got %q, %v, %v; want \"new\", epoch 2 fence 1", v, tok, err)
+	}
+}

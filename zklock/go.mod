@@ -3,9 +3,7 @@ module github.com/dlock-go/dlock/zklock
 go 1.25.0
 
 require (
-	github.com/dlock-go/dlock v0.0.0
+	github.com/dlock-go/dlock v0.1.0
 	github.com/go-zookeeper/zk v1.0.4
 	go.uber.org/goleak v1.3.0
 )
-
-replace github.com/dlock-go/dlock => ../

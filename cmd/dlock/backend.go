@@ -41,14 +41,28 @@ func (c *conn) Close() error {
 // this build.
 var errUnsupported = errors.New("not available in this build")
 
-// unavailable wraps a failure to reach or hear from a server: exit code 2 (like other bad input; the message names the server).
+// unavailable wraps a failure to reach, hear from or use a server: exit
+// code 2, like other bad input; the message names the server and, when the
+// server answered with an error (a Redis error reply such as "ERR DB index
+// is out of range"), says so rather than that it could not be reached.
 func unavailable(kind, where string, timeout time.Duration, err error) error {
+	if isServerReply(err) {
+		return exitWith(exitUnavailable, fmt.Errorf("%s at %s answered with an error: %w", kind, where, err))
+	}
 	if errors.Is(err, context.DeadlineExceeded) || isTimeout(err) {
 		return exitWith(exitUnavailable, fmt.Errorf("%s at %s did not answer within %v (--timeout): %w", kind, where, timeout, err))
 	}
 	return exitWith(exitUnavailable, fmt.Errorf("cannot reach %s at %s: %w", kind, where, err))
 }
 
+// isServerReply reports whether err is, or wraps, an error reply of a Redis
+// server: the server was reached and refused the request.
+func isServerReply(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re)
+}
+
+// isTimeout reports whether err is a network timeout.
 func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
@@ -96,6 +110,12 @@ func openBackend(ctx context.Context, spec *backendSpec, timeout, ttl time.Durat
 	case "zk":
 		var closeFn func() error
 		c.backend, closeFn, err = newZKBackend(ctx, spec, timeout, ttl)
+		if closeFn != nil {
+			c.closers = append(c.closers, closeFn)
+		}
+	case "postgres":
+		var closeFn func() error
+		c.backend, closeFn, err = newPGBackend(ctx, spec, timeout)
 		if closeFn != nil {
 			c.closers = append(c.closers, closeFn)
 		}
@@ -220,7 +240,7 @@ func pingQuorum(ctx context.Context, nodes []*redis.Client, timeout time.Duratio
 		}
 	}
 	if quorum := len(nodes)/2 + 1; len(nodes)-failed < quorum {
-		return fmt.Errorf("%d of %d nodes answered, a quorum needs %d: %w", len(nodes)-failed, len(nodes), quorum, errors.Join(errs...))
+		return fmt.Errorf("%d of %d nodes are usable, a quorum needs %d: %w", len(nodes)-failed, len(nodes), quorum, errors.Join(errs...))
 	}
 	return nil
 }

@@ -28,6 +28,7 @@ var schemes = []struct {
 	{"redlock", 6379, "redlock://[user:password@]h1[:port],h2,h3,...[/db][?node_timeout=50ms]  (3, 5, 7... independent nodes)"},
 	{"etcd", 2379, "etcd://[user:password@]h1[:port],h2,...[/prefix]"},
 	{"zk", 2181, "zk://h1[:port],h2,...[/path]"},
+	{"postgres", 5432, "postgres://[user:password@]h1[:port],h2,.../database[?mode=session&schema=dlock&notify_host=h&sslmode=...]"},
 }
 
 func schemeNames() string {

@@ -13,7 +13,7 @@ import (
 	"github.com/dlock-go/dlock"
 )
 
-// Part (a): the seed's inventory story. Three service instances (three
+// Part (a): the inventory story. Three service instances (three
 // Redis connections pools, three dlock Clients: like three processes) each
 // serve 100 buyers at once; the stock is 100. A buyer reads the stock,
 // takes a moment (validating the order), and writes stock-1 back: a

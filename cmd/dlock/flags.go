@@ -41,7 +41,7 @@ func (w *waitValue) Type() string { return "duration" }
 
 // clientOptions returns the options every dlock.Client the CLI creates
 // gets, before the command's own. It is the one place where observability
-// attaches to the CLI: the --metrics-addr flag (issue 9: an OpenTelemetry
+// attaches to the CLI: the --metrics-addr flag (an OpenTelemetry
 // Prometheus exporter) registers on the commands that hold locks (run,
 // demo) and adds its meter provider here.
 func (g *globals) clientOptions(opts ...dlock.Option) []dlock.Option {

@@ -80,7 +80,8 @@ Exit codes:
   0    success (run: the command's own exit code is passed through)
   1    the operation failed (release refused, a demo part misbehaved, backend not in this build)
   2    usage error: bad flag, argument, duration or backend URL
-  2    also: the lock server could not be reached or did not answer within --timeout
+  2    also: the lock server could not be reached, did not answer within --timeout,
+       or answered the connection with an error
   75   run: the lock is held by another owner (--conflict-exit-code)
   76   run: the lease was lost while the command ran (--lost-exit-code)
   126, 127  run: the command could not be executed / was not found
@@ -94,12 +95,9 @@ func schemeHelp() string {
 	return b.String()
 }
 
-// newRootCmd builds the command tree writing to stdout and stderr.
-func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
-	return newRootCmdWith(&globals{}, stdout, stderr)
-}
-
-func newRootCmdWith(g *globals, stdout, stderr io.Writer) *cobra.Command {
+// newRootCmd builds the command tree writing to stdout and stderr, with
+// the global flags stored in g.
+func newRootCmd(g *globals, stdout, stderr io.Writer) *cobra.Command {
 	root := &cobra.Command{
 		Use:           "dlock",
 		Short:         "Distributed locks from the shell",
@@ -140,7 +138,7 @@ func newRootCmdWith(g *globals, stdout, stderr io.Writer) *cobra.Command {
 // execute runs the command line args and returns the process exit code.
 func execute(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	g := &globals{}
-	root := newRootCmdWith(g, stdout, stderr)
+	root := newRootCmd(g, stdout, stderr)
 	root.SetArgs(args)
 	cmd, err := root.ExecuteContextC(ctx)
 	g.stopMetrics()

@@ -318,26 +318,14 @@ func assertCode(t *testing.T, r result, want int) {
 	}
 }
 
-// awaitWaiting waits until a dlock process waits for key: it has
-// subscribed to the key's release channel.
-func awaitWaiting(t *testing.T, key string) {
+// awaitWaiting waits until the dlock process p says on stderr that it
+// waits for the lock (its Client began waiting after a failed attempt).
+func awaitWaiting(t *testing.T, p *proc) {
 	t.Helper()
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-	defer rdb.Close()
-	b := redislock.New(rdb)
-	defer b.Close()
-	channel := b.LockName(key) + ":rel"
 	deadline := time.Now().Add(30 * time.Second)
-	for {
-		n, err := rdb.PubSubNumSub(context.Background(), channel).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n[channel] > 0 {
-			return
-		}
+	for !strings.Contains(p.errb.String(), "is held by another owner: waiting") {
 		if time.Now().After(deadline) {
-			t.Fatalf("no waiter subscribed to %s within 30s", channel)
+			t.Fatalf("dlock did not report waiting within 30s; stderr %q", p.errb.String())
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -465,7 +453,7 @@ func TestRunWaitsForRelease(t *testing.T) {
 	key := keyFor(t)
 	l := hold(t, key)
 	p := startDlock(t, "run", "--wait", "30s", key, "--", "echo", "ran")
-	awaitWaiting(t, key)
+	awaitWaiting(t, p)
 	if err := l.Release(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -516,7 +504,7 @@ func TestRunInterruptedWhileWaiting(t *testing.T) {
 	key := keyFor(t)
 	l := hold(t, key)
 	p := startDlock(t, "run", "--wait", "forever", key, "--", "echo", "ran")
-	awaitWaiting(t, key)
+	awaitWaiting(t, p)
 	if err := p.cmd.Process.Signal(syscall.SIGINT); err != nil {
 		t.Fatal(err)
 	}
@@ -693,6 +681,35 @@ func TestRunLostLeaseServerStopped(t *testing.T) {
 	}
 	if took := time.Since(killed); took > 5*time.Second {
 		t.Errorf("dlock stopped the command %v after the server died, want within a few TTLs (1s)", took)
+	}
+}
+
+// A lease lost to a frozen server is not released on that server: dlock
+// stops the command and exits at once instead of waiting up to --timeout
+// for a server that does not answer. With --timeout 1m, a dlock that waited
+// would still run when the test gives up.
+func TestRunLostLeaseFrozenServerNoReleaseWait(t *testing.T) {
+	t.Parallel()
+	own, err := testserver.StartRedis(testserver.RedisOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = own.Stop() })
+	key := keyFor(t)
+	p := startDlock(t, "--backend", "redis://"+own.Addr(), "--timeout", "1m",
+		"run", "--ttl", "1s", key, "--", "sh", "-c", trapScript)
+	p.await("ready")
+	if err := own.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = own.Resume() })
+	r := p.wait(30 * time.Second) // the server stays frozen until dlock exits
+	assertCode(t, r, 76)
+	if !strings.Contains(r.stdout, "got-TERM") {
+		t.Errorf("child output: got %q, want got-TERM", r.stdout)
+	}
+	if want := fmt.Sprintf("lost the lock %q", key); !strings.Contains(r.stderr, want) {
+		t.Errorf("stderr: got %q, want %q", r.stderr, want)
 	}
 }
 
@@ -943,6 +960,31 @@ func TestUnreachable(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A server that answers with an error was reached: dlock reports its
+// answer (here: a database the server does not have), not "cannot reach".
+func TestServerRefuses(t *testing.T) {
+	t.Parallel()
+	a := srv.Addr()
+	_, port, _ := net.SplitHostPort(a)
+	nodes := fmt.Sprintf("%s,localhost:%s,127.0.0.1:%d", a, port, freePort(t)) // two answer, one is down
+	for _, url := range []string{"redis://" + a + "/99", "redlock://" + nodes + "/99"} {
+		for _, args := range [][]string{
+			{"run", "k", "--", "true"},
+			{"inspect", "k"},
+			{"release", "k", "--force"},
+		} {
+			r := dlockRun(t, append([]string{"--backend", url, "--timeout", "5s"}, args...)...)
+			assertCode(t, r, 2)
+			if !strings.Contains(r.stderr, "answered with an error") || !strings.Contains(r.stderr, "ERR DB index is out of range") {
+				t.Errorf("%s %v: stderr %q, want the server's answer \"ERR DB index is out of range\"", url, args, r.stderr)
+			}
+			if strings.Contains(r.stderr, "cannot reach") {
+				t.Errorf("%s %v: stderr %q says the server was not reached", url, args, r.stderr)
+			}
+		}
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 
@@ -45,7 +46,8 @@ renews the lease every TTL/3 while COMMAND runs, releases the lock when COMMAND 
 and exits with COMMAND's exit status (128+N if signal N killed it).
 
 If the lock is held by another owner, dlock waits up to --wait (default 0: give up at
-once) and then exits with --conflict-exit-code (75) without running COMMAND.
+once; a wait is announced on stderr unless --quiet) and then exits with
+--conflict-exit-code (75) without running COMMAND.
 
 If the lease is lost while COMMAND runs (the server stopped answering until the lease
 could have expired, or an administrator force-released the lock), dlock prints a
@@ -179,7 +181,7 @@ func runCommand(ctx context.Context, g *globals, f *runFlags, key string, argv [
 	}
 	res := make(chan result, 1)
 	go func() {
-		h, err := acquire(actx, g, f, spec, key)
+		h, err := acquire(actx, g, f, spec, key, stderr)
 		res <- result{h, err}
 	}()
 	var h *hold
@@ -201,13 +203,17 @@ func runCommand(ctx context.Context, g *globals, f *runFlags, key string, argv [
 }
 
 // acquire connects and takes the lock, or returns the error to exit with.
-func acquire(ctx context.Context, g *globals, f *runFlags, spec *backendSpec, key string) (*hold, error) {
+func acquire(ctx context.Context, g *globals, f *runFlags, spec *backendSpec, key string, stderr io.Writer) (*hold, error) {
 	c, err := openBackend(ctx, spec, g.timeout, f.ttl)
 	if err != nil {
 		return nil, err
 	}
 	h := &hold{conn: c}
-	h.client = dlock.New(c.backend, g.clientOptions(dlock.WithTTL(f.ttl))...)
+	copts := []dlock.Option{dlock.WithTTL(f.ttl)}
+	if (f.wait.forever || f.wait.d > 0) && !f.quiet {
+		copts = append(copts, dlock.WithObserver(&waitNotice{key: key, wait: f.wait, w: stderr}))
+	}
+	h.client = dlock.New(c.backend, g.clientOptions(copts...)...)
 	if err := h.client.Err(); err != nil {
 		h.close()
 		return nil, usageErrorf("run: %s", trim(err))
@@ -259,6 +265,30 @@ func acquire(ctx context.Context, g *globals, f *runFlags, spec *backendSpec, ke
 		return nil, unavailable(c.kind, c.where, g.timeout, err)
 	}
 	return nil, exitWith(exitFailure, err)
+}
+
+// waitNotice is a dlock.Observer that says once on stderr that the lock
+// is held elsewhere and dlock waits for it: a waiting `dlock run` is not
+// mistaken for a hung one.
+type waitNotice struct {
+	key  string
+	wait waitValue
+	w    io.Writer
+	once sync.Once
+}
+
+// Observe prints the notice at the first EventWaitStart of the key.
+func (n *waitNotice) Observe(ctx context.Context, e dlock.Event) context.Context {
+	if e.Kind == dlock.EventWaitStart && e.Key == n.key {
+		n.once.Do(func() {
+			how := fmt.Sprintf("up to %v (--wait)", n.wait.d)
+			if n.wait.forever {
+				how = "until it is free (--wait forever)"
+			}
+			fmt.Fprintf(n.w, "dlock: run: lock %q is held by another owner: waiting %s\n", n.key, how)
+		})
+	}
+	return ctx
 }
 
 // describeHolder returns "owner X, fence F, TTL left T" when the backend
@@ -359,7 +389,7 @@ loop:
 		if groupAlive(pgid) {
 			_ = signalGroup(pgid, killSignal)
 		}
-		_ = lease.Release(context.Background()) // ends the bookkeeping; the lease is gone already
+		forget(lease)
 		return exitWith(f.lostCode, fmt.Errorf("run: the command (exit status %d) was stopped because the lock %q was lost", status, key))
 	}
 	if err := release(g, lease, stderr); err != nil {
@@ -375,6 +405,10 @@ loop:
 // when the lease turns out to have been lost; other failures are reported
 // as a warning (the lock then expires by itself within its TTL).
 func release(g *globals, lease *dlock.Lease, stderr io.Writer) error {
+	if err := lease.Err(); err != nil {
+		forget(lease)
+		return err
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), g.timeout)
 	defer cancel()
 	err := lease.Release(ctx)
@@ -386,6 +420,18 @@ func release(g *globals, lease *dlock.Lease, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stderr, "dlock: run: warning: could not release the lock %q (%s); it expires within %v\n", lease.Key(), trim(err), lease.TTL())
 	return nil
+}
+
+// forget ends the Client's bookkeeping of a lost lease without waiting
+// for its server: the lease is gone already (expired, or taken by an
+// administrator), and a server that stopped answering would hold the
+// release for up to --timeout. The Release call gets a context that is
+// already cancelled, so the backend gives up at once instead of waiting
+// for an answer; what the server still has expires within the lease's TTL.
+func forget(lease *dlock.Lease) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_ = lease.Release(ctx)
 }
 
 // trim drops the "dlock: " prefix of an error for embedding in a message.

@@ -137,8 +137,3 @@ func (s *server) pid() int {
 	}
 	return s.p.pid
 }
-
-// running reports whether the process is alive (possibly paused).
-func (s *server) running() bool {
-	return s.pid() != 0
-}
