@@ -3,7 +3,6 @@ package redlock_test
 import (
 	"context"
 	"crypto/rand"
-	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -211,11 +210,6 @@ func nodeErrs(err error) []*dlock.NodeError {
 // req returns a backend request for key with a fresh token.
 func req(key string, ttl time.Duration) dlock.Request {
 	return dlock.Request{Key: key, Token: rand.Text(), TTL: ttl}
-}
-
-func isNodeErr(err error) bool {
-	var ne *dlock.NodeError
-	return errors.As(err, &ne)
 }
 
 // tombstone returns the value of a free lock whose next fence must exceed
