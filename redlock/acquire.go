@@ -24,10 +24,12 @@ type hold struct {
 
 // TryAcquire implements dlock.Backend: one Redlock attempt (see doc.go,
 // "Acquiring"). It returns Grant{OK: false} with HolderTTL when other
-// tokens hold the lock on too many nodes; an error joining a summary and
-// one *dlock.NodeError per failed node when more than N − quorum nodes
-// fail; and an error matching dlock.ErrNotAcquired when the attempt took
-// longer than its validity. What a failed attempt may hold is given back.
+// tokens hold the lock on too many nodes (for a reentrant request: when
+// no quorum of nodes holds the token's earlier grant with one fence); an
+// error joining a summary and one *dlock.NodeError per failed node when
+// more than N − quorum nodes fail; and an error matching
+// dlock.ErrNotAcquired when the attempt took longer than its validity.
+// What a failed attempt may hold is given back.
 func (b *Backend) TryAcquire(ctx context.Context, r dlock.Request) (dlock.Grant, error) {
 	if err := b.check(ctx, &r, true); err != nil {
 		return dlock.Grant{}, err
@@ -47,13 +49,15 @@ func (b *Backend) TryAcquire(ctx context.Context, r dlock.Request) (dlock.Grant,
 }
 
 // acquisition is one Redlock attempt, one method per phase: acquire (every
-// node runs redislock's acquire script), agree (settle the fence), writeBack
-// (make the granting nodes hold the lease's token and fence) and finish
-// (check the validity, give back what is not part of the lease).
+// node runs redislock's acquire script under the attempt's own token),
+// agree (settle the fence), writeBack (make the granting nodes hold the
+// lease's token and fence) and finish (check the validity, give back what
+// is not part of the lease); or, for a reentrant request that finds the
+// lock held, rejoin (re-enter the token's earlier grant).
 type acquisition struct {
 	b        *Backend
-	r, nr    dlock.Request // the request, and as the nodes see it
-	floor    uint64        // the proposed fence floor, 0 for a reentrant attempt
+	r, nr    dlock.Request // the request, and the attempt's as the nodes see it
+	floor    uint64        // the proposed fence floor
 	start    time.Time
 	timeout  time.Duration
 	deadline time.Time
@@ -63,7 +67,7 @@ type acquisition struct {
 	seen  []atomic.Bool  // per node: skews holds a value
 	holds []hold
 	fence uint64 // the settled fence
-	count int
+	count int    // the hold count: 1, or a re-entry's
 	lease string // the lease's token on the nodes
 
 	decided chan struct{} // closed when TryAcquire returns
@@ -73,28 +77,28 @@ type acquisition struct {
 func (b *Backend) newAcquisition(r dlock.Request) *acquisition {
 	a := &acquisition{b: b, r: r, nr: r, start: time.Now(), timeout: b.cfg.timeout(r.TTL), decided: make(chan struct{})}
 	a.deadline = a.start.Add(a.timeout)
-	a.nr.Fence = 0
-	if !r.Reentrant {
-		a.floor = b.propose()
-		a.nr.Token, a.nr.Fence = nodeToken(r.Token, a.floor), a.floor
+	// Every attempt, reentrant or not, takes the nodes under a token of its
+	// own: a grant becomes the token's (the lease's) only once its fence
+	// is settled, so another Client of the same owner never re-enters a
+	// grant whose fence may still change. An owner's token is shared by
+	// processes, whose floors may coincide: a reentrant attempt's token
+	// also names this Backend.
+	a.floor = b.propose()
+	token := r.Token
+	if r.Reentrant {
+		token += "~" + b.id
 	}
+	a.nr.Token, a.nr.Fence, a.nr.Reentrant = nodeToken(token, a.floor), a.floor, false
 	a.skews = make([]atomic.Int64, len(b.nodes))
 	a.seen = make([]atomic.Bool, len(b.nodes))
 	return a
 }
 
 // lateGrant gives back a grant that came after the fan-out gave up on its
-// node: the node is not part of the lease. Except a re-entry (count > 1)
-// of a reentrant attempt that succeeded: it added one hold to an earlier
-// one, as on the other nodes, and the lease's release takes it back.
+// node: the node is not part of the lease.
 func (a *acquisition) lateGrant(i int, g dlock.Grant, err error) {
 	if err != nil || !g.OK {
 		return
-	}
-	if a.r.Reentrant {
-		if <-a.decided; a.won && g.Count > 1 {
-			return
-		}
 	}
 	rr := a.nr
 	rr.Fence = g.Fence
@@ -124,7 +128,7 @@ func (a *acquisition) acquire(ctx context.Context) (g dlock.Grant, err error, do
 		},
 		b.acquireJudge, a.lateGrant)
 	a.holds = make([]hold, len(b.nodes))
-	granted, failures := 0, 0
+	granted, held, failures := 0, 0, 0
 	for i, an := range a.acq {
 		switch {
 		case an.done && an.err == nil && an.val.OK:
@@ -132,6 +136,7 @@ func (a *acquisition) acquire(ctx context.Context) (g dlock.Grant, err error, do
 			granted++
 		case an.done && an.err == nil:
 			a.holds[i] = hold{answer: true} // held by another token: nothing to undo
+			held++
 		default:
 			a.holds[i] = hold{maybe: true, answer: an.done}
 			if failed(an, a.deadline) {
@@ -151,27 +156,31 @@ func (a *acquisition) acquire(ctx context.Context) (g dlock.Grant, err error, do
 				fmt.Errorf("redlock: acquire %q: %d of %d nodes failed, so no quorum of %d can grant it", a.r.Key, failures, len(b.nodes), b.quorum),
 				nodeErrors(b, b.all, a.acq, a.deadline, a.timeout, nil)), true
 		}
+		if a.r.Reentrant && held >= b.quorum {
+			// Held on a quorum: perhaps by this token's earlier grant.
+			g, err := a.rejoin(ctx, holderTTL(a.acq, b.quorum-granted))
+			return g, err, true
+		}
 		return dlock.Grant{HolderTTL: holderTTL(a.acq, b.quorum-granted)}, nil, true
 	}
 	return dlock.Grant{}, nil, false
 }
 
-// agree settles the fence of a quorum of grants. done reports that the
-// attempt ended: granted without a write-back (every node issued the
-// floor), not settled (a re-entry some nodes count and others do not),
-// or out of validity.
+// agree settles the fence of a quorum of grants: the maximum over the
+// granting nodes. done reports that the attempt ended: granted without a
+// write-back (every node issued the floor), or out of validity.
 func (a *acquisition) agree() (g dlock.Grant, err error, done bool) {
 	b := a.b
-	fence, count, settled := settle(a.acq, b.quorum)
-	if !settled {
-		// Neither a fresh grant (that would tell the Client its earlier
-		// hold was lost) nor a sure re-entry: give it back and retry.
-		a.undo(0)
-		return dlock.Grant{}, nil, true
+	for _, an := range a.acq {
+		if an.done && an.err == nil && an.val.OK {
+			a.fence = max(a.fence, an.val.Fence)
+		}
 	}
-	a.fence, a.count = fence, count
+	a.count = 1
+	b.learn(a.acq, a.skews, a.seen)
+	// A reentrant lease holds the nodes under its token as it is: the
+	// write-back renames the attempt's grants to it.
 	if !a.r.Reentrant {
-		b.learn(a.acq, a.skews, a.seen)
 		if agreed(a.holds, a.acq, a.floor) {
 			// Every node answered and every grant has the floor as its
 			// fence: the granting nodes, a quorum, hold the lease under its
@@ -216,15 +225,16 @@ func (a *acquisition) writeBack(ctx context.Context) error {
 	}
 	wbDeadline := time.Now().Add(a.timeout)
 	// A write-back that comes after the fan-out gave up on its node: the
-	// node is not part of the lease, so a non-reentrant attempt gives it
-	// back, whether it was renamed or the reply was lost. A reentrant
-	// token's hold there is the lease's.
+	// node is not part of the lease, so the attempt gives it back, whether
+	// it was renamed or the reply was lost. (A reentrant lease's hold
+	// there may meanwhile have been re-entered by another Client of the
+	// owner: the release takes back one hold, not theirs.)
 	attemptFences := make([]uint64, len(a.holds)) // holds changes meanwhile
 	for i, h := range a.holds {
 		attemptFences[i] = h.fence
 	}
 	late := func(i int, v int64, err error) {
-		if r.Reentrant || (err == nil && v == 0) {
+		if err == nil && v == 0 {
 			return
 		}
 		b.background(func() {
@@ -257,7 +267,7 @@ func (a *acquisition) writeBack(ctx context.Context) error {
 			// Failed: renamed or not, undo both ways (in that order, which
 			// is right whenever the rename landed).
 			h.lease = true
-		case h.granted && !r.Reentrant:
+		case h.granted:
 			h.granted = false // still on its way: late undoes it
 		}
 	}
@@ -276,9 +286,7 @@ func (a *acquisition) writeBack(ctx context.Context) error {
 
 // finish checks the validity and gives back, in the background, what the
 // attempt may hold outside the lease (no answer to the acquire, a failed
-// write-back; for a reentrant attempt, by the fence of its own grant
-// there: a node left at a lower fence would hand a later re-entry a fence
-// below the lease's).
+// write-back: the attempt's token, by the fence of its grant there).
 func (a *acquisition) finish() (dlock.Grant, error) {
 	if err := a.valid(); err != nil {
 		a.undo(a.fence)
@@ -300,7 +308,7 @@ func (a *acquisition) finish() (dlock.Grant, error) {
 
 // undo gives back what the attempt may hold (see Backend.undo).
 func (a *acquisition) undo(fence uint64) {
-	a.b.undo(a.r, a.nr, fence, a.holds, a.timeout)
+	a.b.undo(a.nr, a.lease, fence, a.holds, a.timeout)
 }
 
 // acquireJudge decides an acquisition's first phase: met with a quorum of
@@ -324,42 +332,116 @@ func (b *Backend) acquireJudge(ans []answer[dlock.Grant], pending int) (met, hop
 	return granted >= b.quorum, granted+pending < b.quorum && decided
 }
 
-// settle returns the fence and hold count of a grant on a quorum: for a
-// first grant (no node counts an earlier hold), the maximum fence over the
-// granting nodes and count 1; for a re-entry (a quorum of nodes count an
-// earlier hold, count > 1), the highest fence and count they report (a
-// node whose write-back was lost reports the attempt's lower fence). ok is false when some
-// but fewer than a quorum of nodes count an earlier hold: whether it is
-// still held is not known (see doc.go).
-func settle(acq []answer[dlock.Grant], quorum int) (fence uint64, count int, ok bool) {
+// quorumFence returns the fence of a token's earlier grant that a quorum
+// of nodes count (count > 1: the attempt's re-entry added a hold to it)
+// and the highest hold count among them. ok is false when no fence has a
+// quorum: nodes counting a hold of the token with another fence (an
+// orphaned hold, see rejoin) are not part of the lease.
+func quorumFence(acq []answer[dlock.Grant], quorum int) (fence uint64, count int, ok bool) {
 	votes := make(map[uint64]int)
-	held := 0
 	for _, a := range acq {
 		if a.done && a.err == nil && a.val.OK && a.val.Count > 1 {
-			votes[a.val.Fence]++
-			held++
-		}
-	}
-	if held == 0 {
-		for _, a := range acq {
-			if a.done && a.err == nil && a.val.OK {
-				fence = max(fence, a.val.Fence)
+			if votes[a.val.Fence]++; votes[a.val.Fence] >= quorum {
+				fence, ok = a.val.Fence, true
 			}
 		}
-		return fence, 1, true
 	}
-	if held < quorum {
+	if !ok {
 		return 0, 0, false
 	}
-	for f := range votes {
-		fence = max(fence, f)
-	}
 	for _, a := range acq {
-		if a.done && a.err == nil && a.val.OK && a.val.Count > 1 {
+		if rejoined(a, fence) {
 			count = max(count, a.val.Count)
 		}
 	}
 	return fence, count, true
+}
+
+// rejoined reports whether a node's answer re-entered the earlier grant
+// with fence.
+func rejoined(a answer[dlock.Grant], fence uint64) bool {
+	return a.done && a.err == nil && a.val.OK && a.val.Count > 1 && a.val.Fence == fence
+}
+
+// rejoinJudge decides a re-entry's fan-out: met once a quorum of nodes
+// counts one earlier grant, hopeless once no fence can reach a quorum.
+func (b *Backend) rejoinJudge(ans []answer[dlock.Grant], pending int) (met, hopeless bool) {
+	votes, best := make(map[uint64]int), 0
+	for _, a := range ans {
+		if a.done && a.err == nil && a.val.OK && a.val.Count > 1 {
+			votes[a.val.Fence]++
+			best = max(best, votes[a.val.Fence])
+		}
+	}
+	return best >= b.quorum, best+pending < b.quorum
+}
+
+// rejoin re-enters, for a reentrant request whose attempt found the lock
+// held on a quorum, the token's earlier grant: every node runs the acquire
+// script under the token itself. The lease is the earlier grant's when a
+// quorum of nodes count it with one fence (its fence, settled by the
+// grant that made it, is reported and never written); every other hold
+// this call added is given back by its fence: a fresh grant on a node that
+// was free, a hold of the token with another fence. Otherwise the lock is
+// reported held, with the attempt's holderTTL, and the Client retries.
+func (a *acquisition) rejoin(ctx context.Context, holderTTL time.Duration) (dlock.Grant, error) {
+	b, r := a.b, a.r
+	r.Fence = 0
+	giveBack := func(i int, fence uint64, wait *sync.WaitGroup) {
+		if wait != nil {
+			wait.Add(1)
+		}
+		ok := b.background(func() {
+			if wait != nil {
+				defer wait.Done()
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), a.timeout)
+			defer cancel()
+			rr := r
+			rr.Fence = fence
+			_ = b.nodes[i].Release(ctx, rr)
+		})
+		if !ok && wait != nil {
+			wait.Done()
+		}
+	}
+	late := func(i int, g dlock.Grant, err error) {
+		if err != nil || !g.OK {
+			return
+		}
+		if <-a.decided; a.won && g.Count > 1 && g.Fence == a.fence {
+			return // one more node holding the lease: its release takes it back
+		}
+		giveBack(i, g.Fence, nil)
+	}
+	ans, err := gather(ctx, b, b.all, fan{deadline: time.Now().Add(a.timeout), timeout: a.timeout, grace: true},
+		func(ctx context.Context, i int) (dlock.Grant, error) { return b.nodes[i].TryAcquire(ctx, r) },
+		b.rejoinJudge, late)
+	if err != nil {
+		err = fmt.Errorf("redlock: acquire %q: %w", r.Key, err)
+	}
+	fence, count, ok := quorumFence(ans, b.quorum)
+	if ok && err == nil {
+		err = a.valid()
+	}
+	if err != nil || !ok {
+		fence = 0 // give back every hold this call added
+	}
+	var wait sync.WaitGroup
+	for i, an := range ans {
+		if an.done && an.err == nil && an.val.OK && !rejoined(an, fence) {
+			giveBack(i, an.val.Fence, &wait)
+		}
+	}
+	wait.Wait()
+	switch {
+	case err != nil:
+		return dlock.Grant{}, err
+	case !ok:
+		return dlock.Grant{HolderTTL: holderTTL}, nil
+	}
+	a.fence, a.count, a.won = fence, count, true
+	return dlock.Grant{OK: true, Fence: fence, Count: count, Since: a.start}, nil
 }
 
 // agreed reports whether an attempt that proposed floor can skip the
@@ -414,34 +496,24 @@ func (b *Backend) writeBack(ctx context.Context, i int, key, from, to string, fe
 }
 
 // undo releases what a failed attempt may hold (see hold): synchronously
-// on the nodes that answered, in the background on the others. A
-// reentrant attempt shares its token with the holds it re-entered, so it
-// gives back exactly one hold, and only where a grant is certain.
-func (b *Backend) undo(r, nr dlock.Request, fence uint64, holds []hold, timeout time.Duration) {
+// on the nodes that answered, in the background on the others. nr is the
+// attempt as the nodes saw it (its own token); lease the lease's token on
+// the nodes, with fence.
+func (b *Backend) undo(nr dlock.Request, lease string, fence uint64, holds []hold, timeout time.Duration) {
 	var wait sync.WaitGroup
 	for i, h := range holds {
 		var reqs []dlock.Request
-		switch {
-		case r.Reentrant:
-			// By fence: only the hold this attempt added, never an earlier
-			// grant with another fence.
-			switch {
-			case h.renamed:
-				reqs = append(reqs, dlock.Request{Key: r.Key, Token: r.Token, TTL: r.TTL, Fence: fence})
-			case h.granted && h.fence != 0:
-				reqs = append(reqs, dlock.Request{Key: r.Key, Token: r.Token, TTL: r.TTL, Fence: h.fence})
+		if (h.granted || h.maybe) && !h.renamed {
+			f := h.fence
+			if h.maybe {
+				f = 0 // unknown: any fence of this attempt's unique token
 			}
-		default:
-			if (h.granted || h.maybe) && !h.renamed {
-				f := h.fence
-				if h.maybe {
-					f = 0 // unknown: any fence of this attempt's unique token
-				}
-				reqs = append(reqs, dlock.Request{Key: r.Key, Token: nr.Token, TTL: r.TTL, Fence: f})
-			}
-			if h.lease {
-				reqs = append(reqs, nodeRequest(dlock.Request{Key: r.Key, Token: r.Token, TTL: r.TTL, Fence: fence}))
-			}
+			reqs = append(reqs, dlock.Request{Key: nr.Key, Token: nr.Token, TTL: nr.TTL, Fence: f})
+		}
+		if h.lease {
+			// One hold of the lease's token: another Client of a reentrant
+			// owner may have re-entered it meanwhile.
+			reqs = append(reqs, dlock.Request{Key: nr.Key, Token: lease, TTL: nr.TTL, Fence: fence})
 		}
 		if len(reqs) == 0 {
 			continue

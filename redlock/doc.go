@@ -34,8 +34,8 @@
 //  1. Every node runs redislock's acquire script concurrently, each call
 //     bounded by the node timeout: WithNodeTimeout, by default
 //     min(TTL/10, 50ms) (the Redlock description suggests 5–50 ms for a
-//     10 s TTL; set it above the network's worst round trip). A
-//     non-reentrant attempt proposes a fence floor: this process's clock
+//     10 s TTL; set it above the network's worst round trip). Every
+//     attempt proposes a fence floor: this process's clock
 //     in µs plus 5ms (and plus how far ahead of it the nodes' fences were
 //     seen), above every floor and fence it proposed or saw before. On a
 //     node the script issues max(server TIME in µs, floor, a tombstone's
@@ -54,29 +54,41 @@
 //     is the maximum over the granting nodes (one more, if that is the
 //     floor); it is written back (redislock's Adopt: token and fence) to
 //     every node that answered and the lease needs a quorum of
-//     confirmations. A reentrant attempt re-enters when a quorum of nodes
-//     count an earlier hold (fence: the highest they report); when some
-//     but fewer than a quorum do, whether the earlier hold is alive is not
-//     known: the attempt gives its holds back and reports the lock held,
-//     so the Client retries instead of taking it for a fresh grant (which
-//     would report the earlier, healthy lease lost).
-//  4. The lease's validity TTL − elapsed − Drift(TTL), elapsed measured
+//     confirmations. A reentrant lease is always written back: that
+//     renames the attempt's grants to the owner's token (below).
+//  4. A reentrant attempt that finds the lock held on a quorum (it may
+//     be the owner's: another process sharing the WithOwner id) gives
+//     back what it was granted and re-enters: every node runs the acquire
+//     script under the owner's token. It re-enters when a quorum of nodes
+//     count an earlier hold of the token with one fence, and reports that
+//     fence, which it never rewrites; it gives back the holds it added
+//     elsewhere (a node that was free, a leftover hold with another
+//     fence). Otherwise it gives back every hold it added and reports the
+//     lock held, so the Client retries.
+//  5. The lease's validity TTL − elapsed − Drift(TTL), elapsed measured
 //     from before step 1 and Drift(TTL) = TTL/100 + 2ms, must be positive.
 //     The dlock.Client's Lease.Expires is computed the same way from the
 //     call's start, so it is never later than the validity.
 //
 // A failed attempt releases the lock on every node it may have touched,
 // including those that did not answer in time (their grant may land
-// later; a grant that comes back late is released too). A non-reentrant
-// attempt uses its own owner token on the nodes, the lease's token plus
-// "~" and its floor in base 36 (floors are unique per attempt), and a
-// lease of token T with fence F holds the nodes as T~F (base 36): the
+// later; a grant that comes back late is released too). An attempt uses
+// its own owner token on the nodes, the lease's token plus "~" and its
+// floor in base 36 (floors are unique per attempt; a reentrant attempt,
+// whose owner token other processes share, adds "~" and a random id of
+// its Backend before the floor). A non-reentrant lease
+// of token T with fence F holds the nodes as T~F (base 36): the
 // write-back renames the attempt's token to it, and when no write-back
 // is needed they are the same — but then every node answered, so no
 // command of the attempt is still in flight. Either way a command of an
 // earlier attempt still in flight can never touch a later grant. Refresh
 // and Release derive T~F from the request's token and fence; Inspect
-// reports T.
+// reports T. A reentrant lease holds the nodes as T itself, so that
+// another process of the same owner can re-enter it; the write-back
+// renames the attempt's grants to T once the fence is settled. A grant
+// becomes re-enterable only with its final fence, on every node that
+// holds it as T: two processes of one owner share one hold and one
+// fence, and a re-entry never changes the fence of the hold it joins.
 //
 // When other owners hold the lock on enough nodes (contention, or a split
 // vote between two contenders), TryAcquire reports Grant{OK: false} and
@@ -89,7 +101,10 @@
 // release) when the nodes agree on the floor, as redislock's one node
 // does, and three (acquire, write-back, release) when they do not (a
 // node's clock or a tombstone ahead of the floor, a node that did not
-// answer). Server commands per node and cycle: 6, plus 1 when the
+// answer) or the lease is reentrant (WithOwner). A re-entry by another
+// process of the owner costs two more (give back, re-enter), and the
+// give-back of any hold it added on a node that did not count the
+// earlier one. Server commands per node and cycle: 6, plus 1 when the
 // acquire finds the tombstone of a release less than the floor's margin
 // ago (S1 measured 35.5 per cycle of 5 nodes, redsync(5) 20). Each node's
 // go-redis client should not retry on its own (MaxRetries: -1 and DialerRetries: 1

@@ -2,6 +2,7 @@ package redlock
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"reflect"
@@ -41,7 +42,8 @@ type Backend struct {
 	all    []int    // 0..N-1
 	quorum int
 	cfg    config
-	err    error // from NewWithOptions: returned by every call
+	err    error  // from NewWithOptions: returned by every call
+	id     string // random, in the node tokens of this Backend's reentrant attempts
 
 	// floor is the last fence floor proposed (see propose); ahead how far
 	// (µs) the nodes' clocks were seen ahead of this process's (see learn).
@@ -77,7 +79,7 @@ func New[C redislock.Client](nodes ...C) *Backend {
 // fails with that error (matching dlock.ErrInvalidOption), which Err also
 // returns.
 func NewWithOptions[C redislock.Client](nodes []C, opts ...Option) *Backend {
-	b := &Backend{cfg: defaultConfig()}
+	b := &Backend{cfg: defaultConfig(), id: rand.Text()[:10]}
 	for _, o := range opts {
 		if o == nil {
 			b.err = fmt.Errorf("redlock: %w: nil Option", dlock.ErrInvalidOption)
@@ -208,7 +210,8 @@ func (b *Backend) check(ctx context.Context, r *dlock.Request, needTTL bool) err
 // nodeToken returns the owner token a non-reentrant lease of token with
 // fence uses on the nodes: token "~" fence in base 36. An acquisition
 // attempt takes the nodes under nodeToken(token, floor), its proposed fence
-// floor (see propose), which no other attempt of any lease shares, so a
+// floor (see propose), which no other attempt of any lease shares (a
+// reentrant attempt: nodeToken(token "~" the Backend's id, floor)), so a
 // straggling command of an earlier attempt can never touch a later grant.
 // Refresh and Release derive it from the request's token and fence; a
 // reentrant request uses its token as it is.
@@ -231,7 +234,7 @@ func nodeRequest(r dlock.Request) dlock.Request {
 // floor itself and no write-back is needed.
 const proposeMargin = 5 * time.Millisecond
 
-// propose returns the fence floor of a non-reentrant attempt: this
+// propose returns the fence floor of an attempt: this
 // process's clock in µs, plus how far ahead the nodes' clocks were seen,
 // plus proposeMargin, and above every floor proposed or fence seen before.
 // The nodes issue max(server time in µs, floor, a tombstone's fence + 1):
