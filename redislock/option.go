@@ -151,12 +151,16 @@ func WithReplicas(n int, timeout time.Duration) Option {
 }
 
 // MinTTL is the shortest lease TTL the Backend renews reliably
-// (dlock.TTLFloor): the watchdog renews every TTL/3, 5ms at MinTTL, which
-// covers a refresh's round trip with a wide margin (measured on loopback
-// at a load average of 10 on 2 cores: p50 ≈ 0.1ms, p99 ≈ 0.5ms, see
-// docs/BENCHMARKS.md, S1). The Client refuses shorter TTLs; the Backend
-// itself accepts down to dlock.MinTTL.
-const MinTTL = 15 * time.Millisecond
+// (dlock.TTLFloor). The watchdog renews every TTL/3 and gives a renewal
+// until then to answer: a refresh's round trip is far shorter (p50 ≈
+// 0.1ms, p99 ≈ 0.5ms on loopback), but the renewal timer, the scheduler
+// and a loaded server add tens of milliseconds. Measured on 2 cores at a
+// load average of 7 (a Client holding one lease, 3s): at 50ms a lease was
+// lost, at 100ms and 200ms none. A Client holding many leases renews them
+// in one pipeline per tick and needs more: 500 leases were all lost at
+// 100ms and all kept at 200ms. The Client refuses shorter TTLs; the
+// Backend itself accepts down to dlock.MinTTL.
+const MinTTL = 100 * time.Millisecond
 
 // MinTTL implements dlock.TTLFloor: it returns MinTTL.
 func (b *Backend) MinTTL() time.Duration { return MinTTL }
