@@ -502,6 +502,9 @@ func (c *Client) withdraw(ctx context.Context, req Request, cfg config) {
 // newLease builds the Lease of a grant made at invoke; it is not tracked.
 func (c *Client) newLease(req Request, g Grant, invoke time.Time, cfg config) *Lease {
 	req.Fence = g.Fence
+	if !g.Since.IsZero() {
+		invoke = g.Since // the backend counts the lock's lifetime from there
+	}
 	valid := req.TTL // the lock's lifetime from invoke
 	if g.TTL > 0 && g.TTL < req.TTL {
 		valid = g.TTL
@@ -540,6 +543,21 @@ func (c *Client) grant(ctx context.Context, req Request, g Grant, invoke time.Ti
 		// have expired on the server. Give it back and report it.
 		giveBack()
 		return nil, &AcquireError{Key: req.Key, Attempts: attempts, Cause: fmt.Errorf("the grant took longer than the TTL %v", req.TTL)}
+	}
+	if g.TTL > 0 && g.TTL < req.TTL && !cfg.autoRenew {
+		// Granted for less than asked, and no watchdog renewal to make up
+		// for it: renew once now, as Grant.TTL says.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.releaseTimeout)
+		r := l.req
+		rinvoke := time.Now()
+		err := c.b.Refresh(rctx, r)
+		cancel()
+		if err != nil {
+			giveBack()
+			return nil, wrapOp("acquire", req.Key, err)
+		}
+		l.created, l.valid = rinvoke, req.TTL
+		l.expires = rinvoke.Add(req.TTL - drift(req.TTL))
 	}
 	c.mu.Lock()
 	if c.closed {
