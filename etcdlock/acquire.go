@@ -47,7 +47,13 @@ func (b *Backend) tryOnce(ctx context.Context, r dlock.Request, name string, sec
 	if err != nil {
 		return dlock.Grant{}, false, err
 	}
-	since, reuse := b.renewedAt(ls, r.TTL)
+	// The Client counts a TryAcquire grant from the start of its call
+	// (Grant.Since counts only for a queue wait's grant): the lock must
+	// live on the server for its lifetime from start. The lease is renewed
+	// concurrently with the transaction, unless it was renewed since the
+	// call began, or at most TTL/10 before it: then the lock's lifetime
+	// is what is left of the lease from start (Grant.TTL, see lifeFrom).
+	life, reuse := b.lifeFrom(ls, start, r.TTL)
 	wait := func() error { return nil }
 	if !reuse {
 		wait = b.startFresh(ctx, ls, start, r.TTL)
@@ -79,7 +85,7 @@ func (b *Backend) tryOnce(ctx context.Context, r dlock.Request, name string, sec
 			return dlock.Grant{}, b.dead(ls), kaErr
 		}
 		b.addHold(name, r.Key, r.Token, fence, ls, 1, fence, fence+1)
-		return dlock.Grant{OK: true, Fence: uint64(fence), Count: 1, Since: since}, false, nil
+		return dlock.Grant{OK: true, Fence: uint64(fence), Count: 1, TTL: life}, false, nil
 	}
 	b.putSpare(ls) // nothing was attached to it
 	own := resp.Responses[0].GetResponseRange().Kvs

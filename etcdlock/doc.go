@@ -63,11 +63,20 @@
 // watchdog: an acquisition sends a keep-alive concurrently with its
 // transaction unless the lease was renewed since the call began (so the
 // lock lives on the server at least TTL from the call, as the Client
-// assumes) or at most TTL/10 before it (then Grant.Since is that renewal,
-// from which the Client counts the lock's lifetime: a Backend taking locks
-// often sends one keep-alive per TTL/10 instead of one per acquisition),
-// and a waiter in Wait renews its entry's lease every TTL/3 while it is
-// queued (the Client renews only granted locks).
+// assumes) or at most TTL/10 before it, and a waiter in Wait renews its
+// entry's lease every TTL/3 while it is queued (the Client renews only
+// granted locks). A grant right after such a recent renewal counts the
+// lock's lifetime from the renewal instead, saving the keep-alive (a
+// Backend taking locks often sends one keep-alive per TTL/10 instead of
+// one per acquisition): the lock's Expires is then at most TTL/10 earlier
+// than asked. The two calls tell the Client differently, as the Client
+// counts their grants differently: a grant at the end of Wait sets
+// Grant.Since to the renewal, from which the Client counts a queue
+// wait's lock; TryAcquire's grant sets Grant.TTL to what is left of the
+// lease from the start of the call, since the Client counts a
+// TryAcquire's lock from there whatever Grant.Since says (a lock counted
+// from the call's start for the full TTL would outlive its lease on the
+// server by up to TTL/10).
 //
 // Deadlines never move back. etcd renews a lease to the TTL it was
 // granted with, and a lease's TTL cannot change, so an entry's deadline

@@ -318,11 +318,14 @@ func (b *Backend) leaseFor(id clientv3.LeaseID) *leaseState {
 }
 
 // renewedAt returns the send time of ls's last grant or keep-alive when it
-// was at most ttl/10 ago: a lock granted now on ls may count its lifetime
-// of ttl from then (Grant.Since) instead of from the start of the call,
-// which saves the keep-alive that would otherwise make the lease outlive
-// the call's start + ttl. The lock's local deadline is then at most ttl/10
-// earlier than asked. ok is false when the renewal is older, the lease is
+// was at most ttl/10 ago: a lock granted now on ls at the end of Wait may
+// count its lifetime of ttl from then (Grant.Since, which the Client
+// honours for a queue wait's grant) instead of from the start of the
+// call, which saves the keep-alive that would otherwise make the lease
+// outlive the call's start + ttl. The lock's local deadline is then at
+// most ttl/10 earlier than asked. TryAcquire, whose grant the Client
+// counts from the start of the call whatever Grant.Since says, uses
+// lifeFrom instead. ok is false when the renewal is older, the lease is
 // not valid for ttl from it, or reuseRenewal is off.
 func (b *Backend) renewedAt(ls *leaseState, ttl time.Duration) (sent time.Time, ok bool) {
 	if !b.tune.reuseRenewal {
@@ -338,4 +341,24 @@ func (b *Backend) renewedAt(ls *leaseState, ttl time.Duration) (sent time.Time, 
 		return time.Time{}, false
 	}
 	return sent, true
+}
+
+// lifeFrom returns how long from start ls is known to be valid, when its
+// last renewal was sent before start and at most ttl/10 ago (see
+// renewedAt): a TryAcquire may then grant its lock for that long, counted
+// from the start of the call (Grant.TTL, at least 9/10 of ttl), instead of
+// renewing the lease. ok is false otherwise (startFresh then renews the
+// lease unless it is valid for ttl from start already).
+func (b *Backend) lifeFrom(ls *leaseState, start time.Time, ttl time.Duration) (life time.Duration, ok bool) {
+	sent, ok := b.renewedAt(ls, ttl)
+	if !ok || !sent.Before(start) {
+		return 0, false
+	}
+	b.mu.Lock()
+	life = ls.validUntil.Sub(start)
+	b.mu.Unlock()
+	if life <= 0 || life >= ttl {
+		return 0, false
+	}
+	return life, true
 }

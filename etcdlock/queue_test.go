@@ -449,9 +449,11 @@ func TestEntryKeyReused(t *testing.T) {
 
 // TestLeftoverInSlotIsRemoved puts a foreign value under the etcd key a
 // Backend reuses for a lock (as if an earlier entry of it had survived
-// unnoticed); the next acquisition must not mistake it for its own: it
-// queues under another key, the leftover is deleted, and the lock is
-// granted.
+// unnoticed); the next acquisition must not mistake it for its own: the
+// leftover is deleted and the lock granted on an entry of its own (under
+// another key, or under the same key created anew once the leftover is
+// gone: an acquisition that first tries the lock finds the leftover and
+// deletes it before it queues).
 func TestLeftoverInSlotIsRemoved(t *testing.T) {
 	key := uniqueKey(t)
 	cli := newCli(t, srv.Endpoints())
@@ -465,16 +467,27 @@ func TestLeftoverInSlotIsRemoved(t *testing.T) {
 	if err := l.Release(ctx); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
-	if _, err := cli.Put(ctx, slot, "1 someone-else"); err != nil {
+	put, err := cli.Put(ctx, slot, "1 someone-else")
+	if err != nil {
 		t.Fatalf("Put: %v", err)
 	}
+	leftover := put.Header.Revision
 	l, err = c.Acquire(ctx, key)
 	if err != nil {
 		t.Fatalf("Acquire over a leftover: %v", err)
 	}
 	defer l.Release(context.Background())
-	if name := b.LockKey(l.Key(), l.Owner()); name == slot {
-		t.Fatalf("etcd key of the acquisition: got the leftover's %s, want another", name)
+	name := b.LockKey(l.Key(), l.Owner())
+	own, err := cli.Get(ctx, name)
+	if err != nil || len(own.Kvs) != 1 {
+		t.Fatalf("entry %s of the acquisition: got %v (err %v), want one", name, own, err)
+	}
+	if kv := own.Kvs[0]; kv.CreateRevision == leftover || kv.CreateRevision != int64(l.Fence()) || string(kv.Value) != "1 "+l.Owner() {
+		t.Fatalf("entry %s of the acquisition: created at %d with %q, want created at its fence %d (not the leftover's %d) with its own token",
+			name, kv.CreateRevision, kv.Value, l.Fence(), leftover)
+	}
+	if name == slot {
+		return // the leftover was deleted before the new entry was created
 	}
 	resp, err := cli.Get(ctx, slot)
 	if err != nil || len(resp.Kvs) != 0 {

@@ -11,7 +11,8 @@ type tuning struct {
 	// entry before its predecessor (see awaitDelete).
 	watchAhead bool
 	// reuseRenewal: a grant shortly after a renewal of its lease counts
-	// from that renewal instead of renewing again (see renewedAt).
+	// from that renewal instead of renewing again (see renewedAt and
+	// lifeFrom).
 	reuseRenewal bool
 	// anchorStream: the Backend keeps its waiters' watch stream open
 	// between waits (see anchorLoop).
