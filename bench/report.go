@@ -381,7 +381,7 @@ func (r *report) targets() []target {
 		ts = append(ts, target{"S1 (for information, no target): dlock redislock against the fenced floor (ops/s)", fig, "—"})
 	}
 
-	// S3 (issue 8 and issue 3)
+	// S3
 	s3 := r.result("S3")
 	{
 		fifo := measured(s3, "redislock-fifo")
@@ -391,10 +391,10 @@ func (r *report) targets() []target {
 		}
 		fl := measured(s3, "floor")
 		what1 := "S3: FIFO hand-offs/s ≥ 2× the best Redis peer"
-		what2 := "S3: FIFO hand-offs/s ≥ 2× the polling baseline (floor, 2 ms) (issue 3)"
+		what2 := "S3: FIFO hand-offs/s ≥ 2× the polling baseline (floor, 2 ms)"
 		what3 := "S3: Jain's index ≥ 0.99 in FIFO mode"
 		what4 := "S3: ≤ 4 client requests per acquisition, release included (FIFO)"
-		what5 := "S3: p99 wait ≤ 2× the ideal FIFO wait (16 × mean cycle) (issue 3)"
+		what5 := "S3: p99 wait ≤ 2× the ideal FIFO wait (16 × mean cycle)"
 		if fifo == nil {
 			reason := why(s3, "redislock-fifo")
 			for _, w := range []string{what1, what2, what3, what4, what5} {

@@ -186,7 +186,7 @@
 //
 // # Which backend
 //
-// From the comparison of the seed documents, with dlock's behaviour:
+// The usual comparison of the three designs, with dlock's behaviour:
 //
 //	                  single Redis         Redlock (5 nodes)       etcd / ZooKeeper
 //	acquire+release   2 round trips        3 round trips, each in  2 requests, each a

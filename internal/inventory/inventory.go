@@ -1,4 +1,4 @@
-// Package inventory is the seed documents' scenario: several instances of
+// Package inventory is the oversell scenario: several instances of
 // an order service decrement the same stock in Redis with a
 // read-modify-write. Without a lock they oversell or lose updates; with a
 // dlock lock around the read-modify-write the stock ends exactly at zero
@@ -99,7 +99,7 @@ func Run(ctx context.Context, cfg Config, key string, newRedis func() *redis.Cli
 	return Result{Orders: int(orders.Load()), FinalStock: final, SoldOut: int(soldOut.Load()), Errors: int(failed.Load())}, nil
 }
 
-// buy is the unprotected read-modify-write of the seed: read the stock,
+// buy is the unprotected read-modify-write: read the stock,
 // check it, write it back decremented.
 func buy(ctx context.Context, rdb *redis.Client, key string, think time.Duration) error {
 	s, err := rdb.Get(ctx, key).Result()
