@@ -216,6 +216,19 @@ func (l *Lease) release(ctx context.Context) error {
 	if ctx == nil {
 		return wrapOp("release", l.req.Key, fmt.Errorf("%w: nil context", ErrInvalidOption))
 	}
+	// The holds of one owner leave the group one at a time, and never
+	// while a re-entry is being decided: exactly one of them gives the
+	// server hold back.
+	unlock, err := l.c.lockGroup(ctx, l)
+	if err != nil {
+		return wrapOp("release", l.req.Key, err)
+	}
+	defer unlock()
+	return l.releaseLocked(ctx)
+}
+
+// releaseLocked is release with l's owner group locked (lockGroup).
+func (l *Lease) releaseLocked(ctx context.Context) error {
 	l.mu.Lock()
 	if l.releasing {
 		l.mu.Unlock()
@@ -262,6 +275,11 @@ func (l *Lease) release(ctx context.Context) error {
 // it while l still looks valid. A lock in its minimum hold is left to
 // expire by itself.
 func (l *Lease) closeRelease(ctx context.Context) error {
+	unlock, err := l.c.lockGroup(ctx, l)
+	if err != nil {
+		return wrapOp("release", l.req.Key, err)
+	}
+	defer unlock()
 	l.mu.Lock()
 	if l.releasing {
 		l.mu.Unlock()
@@ -322,8 +340,15 @@ func (l *Lease) hitMaxHold() {
 	if !l.end(fmt.Errorf("%w: %w", ErrLost, ErrMaxHold), true) {
 		return
 	}
+	gctx, cancel := context.WithTimeout(l.c.closeCtx, l.releaseTimeout)
+	defer cancel()
+	unlock, err := l.c.lockGroup(gctx, l)
+	if err != nil {
+		return // the lock expires by itself
+	}
+	defer unlock()
 	for _, s := range l.c.siblings(l) {
-		if s.Err() == nil && !s.isReleasing() {
+		if s.Err() == nil {
 			return
 		}
 	}

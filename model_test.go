@@ -253,3 +253,44 @@ func TestCloseEndsLeasesFirst(t *testing.T) {
 	}
 	l2.Release(ctx)
 }
+
+// TestConcurrentReleasesGiveBackOneShare: two holds of one owner in one
+// Client released at once give the server hold back once, so another
+// Client sharing the owner id keeps its own share.
+func TestConcurrentReleasesGiveBackOneShare(t *testing.T) {
+	store := memlock.NewStore()
+	a := dlock.New(store.Backend(), dlock.WithOwner("job-1"))
+	b := dlock.New(store.Backend(), dlock.WithOwner("job-1"))
+	other := dlock.New(store.Backend())
+	defer a.Close()
+	defer b.Close()
+	defer other.Close()
+	ctx := context.Background()
+	for round := 0; round < 300; round++ {
+		h1, err := a.Acquire(ctx, "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		h2, err := a.Acquire(ctx, "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		hb, err := b.Acquire(ctx, "k") // a share of its own on the server
+		if err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		for _, h := range []*dlock.Lease{h1, h2} {
+			wg.Add(1)
+			go func() { defer wg.Done(); h.Release(ctx) }()
+		}
+		wg.Wait()
+		if l, err := other.TryAcquire(ctx, "k"); err == nil {
+			l.Release(ctx)
+			t.Fatalf("round %d: another owner took the lock while the second Client's hold lives", round)
+		}
+		if err := hb.Release(ctx); err != nil {
+			t.Fatalf("round %d: second Client's Release: %v", round, err)
+		}
+	}
+}

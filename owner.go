@@ -184,10 +184,10 @@ func (c *Client) rejoin(ctx context.Context, req Request, cfg config, g *holdGro
 			switch {
 			case errors.Is(err, ErrNotHeld):
 				l.lose(err) // and every hold of the same grant
-				_ = l.Release(rctx)
+				_ = l.releaseLocked(rctx)
 				return nil, true, wrapOp("acquire", req.Key, l.Err())
 			default:
-				_ = l.Release(rctx)
+				_ = l.releaseLocked(rctx) // the gate is ours
 				if ended(ctx) {
 					return nil, true, ctxAcquireError(req.Key, 1, ctx, err)
 				}
@@ -230,12 +230,34 @@ func (c *Client) leaveGroup(l *Lease) (last bool) {
 			i--
 			continue
 		}
-		if h.req.Fence == l.req.Fence && h.Err() == nil && !h.isReleasing() {
+		if h.req.Fence == l.req.Fence && h.Err() == nil {
 			last = false
 		}
 	}
 	c.dropEmptyLocked(k, g)
 	return last
+}
+
+// lockGroup serialises l's release with the other releases and the
+// acquisitions of its owner in this Client (the group's gate), and
+// returns the function that unlocks it. Leases without an owner need no
+// lock. It fails with ctx's error when ctx ends first.
+func (c *Client) lockGroup(ctx context.Context, l *Lease) (unlock func(), err error) {
+	if !l.req.Reentrant {
+		return func() {}, nil
+	}
+	k := ownerKey{l.req.Key, l.req.Token}
+	g := c.group(k)
+	select {
+	case g.gate <- struct{}{}:
+	case <-ctx.Done():
+		c.ungroup(k, g)
+		return nil, ctx.Err()
+	}
+	return func() {
+		<-g.gate
+		c.ungroup(k, g)
+	}, nil
 }
 
 // siblings returns the other holds of l's grant in this Client.
