@@ -305,9 +305,17 @@ func (st *stressState) release(h *stressHold) {
 	st.n.releases.Add(1)
 	switch {
 	case err == nil, errors.Is(err, dlock.ErrLost), errors.Is(err, dlock.ErrReleased), errors.Is(err, dlock.ErrNotHeld):
+	case errors.Is(err, dlock.ErrClosed), strings.Contains(err.Error(), "closed"):
+	case errors.Is(err, dlock.ErrInvalidOption), errors.Is(err, dlock.ErrInvalidKey):
+		st.t.Errorf("Release %s: %v", h.l.Key(), err)
 	default:
-		if !errors.Is(err, dlock.ErrClosed) && !strings.Contains(err.Error(), "closed") {
-			st.t.Errorf("Release %s: %v", h.l.Key(), err)
+		// A server that did not answer in time: the lease still ended and
+		// its lock expires by itself (Release's contract).
+		if n := st.n.serverErrs.Add(1); n <= 5 {
+			st.t.Logf("Release %s: server error: %v", h.l.Key(), err)
+		}
+		if h.l.Err() == nil {
+			st.t.Errorf("Release %s failed (%v) and the lease did not end", h.l.Key(), err)
 		}
 	}
 	if errors.Is(h.l.Err(), dlock.ErrLost) {
