@@ -175,6 +175,9 @@ func (c *Client) rejoin(ctx context.Context, req Request, cfg config, g *holdGro
 	c.leases[l] = struct{}{}
 	g.holds = append(g.holds, l)
 	c.mu.Unlock()
+	// Watched before the Refresh: a backend that counts the watchers of a
+	// hold must not see none left while this one joins it.
+	c.watchLoss(l)
 
 	if needRefresh {
 		err := c.b.Refresh(ctx, req)
@@ -203,7 +206,6 @@ func (c *Client) rejoin(ctx context.Context, req Request, cfg config, g *holdGro
 		c.track(l)
 	}
 	c.mu.Unlock()
-	c.watchLoss(l)
 	l.limitHold()
 	return l, true, nil
 }

@@ -80,8 +80,9 @@ func (b *Backend) tryOnce(ctx context.Context, r dlock.Request, name string, sec
 		fence := resp.Header.Revision
 		if kaErr != nil {
 			// The entry exists, but its lease may end before the
-			// Client's lease would: take it back.
-			b.abandon(ctx, r.Key, name, fence, false)
+			// Client's lease would: take it back (only our claim: another
+			// Backend of the same owner may have joined it meanwhile).
+			b.abandon(ctx, r.Key, name, fence, r.Reentrant)
 			return dlock.Grant{}, b.dead(ls), kaErr
 		}
 		b.addHold(name, r.Key, r.Token, fence, ls, 1, fence, fence+1)

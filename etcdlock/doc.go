@@ -121,7 +121,9 @@
 // release fails (the server unreachable), the Backend deletes the entry
 // itself: in the background, retried every 50 ms doubling up to 1 s until
 // it succeeds, and at once before the Backend queues on (or tries) the
-// same lock again, so that its own leftover does not head the queue.
+// same lock again, so that its own leftover does not head the queue. (A
+// lowered count of an owner's entry whose write may have been applied is
+// never retried: see Reentrancy.)
 // Close takes back the Backend's holds of owners' entries (the count is
 // lowered, the entry deleted at zero) and revokes its shared and spare
 // leases, deleting whatever is left on them.
@@ -263,7 +265,11 @@
 // holds that Backends track, so once every tracked hold is released (or
 // given up) nobody renews it and the lock is freed when the lease expires,
 // at most its TTL after the last renewal. A shared lease would keep it
-// alive as long as the Backend holds any other lock.
+// alive as long as the Backend holds any other lock. The same bound covers
+// a lowering whose reply is lost (a Release, or a given-up hold taken
+// back): it is never sent again, since a count does not say whose holds it
+// counts, and a second decrement would take another Backend's hold, and
+// the lock from under it.
 //
 // # Inspection
 //

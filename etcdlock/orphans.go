@@ -43,7 +43,7 @@ func (b *Backend) abandon(ctx context.Context, key, name string, fence int64, re
 	} else {
 		err = b.deleteEntry(cctx, key, name, fence)
 	}
-	if err != nil && !errors.Is(err, dlock.ErrNotHeld) && !errors.Is(err, dlock.ErrWrongType) {
+	if err != nil && !errors.Is(err, dlock.ErrNotHeld) && !errors.Is(err, dlock.ErrWrongType) && !errors.Is(err, errLowerUnknown) {
 		b.mu.Lock()
 		b.orphanLocked(name, fence, 1)
 		b.sweepLocked()
@@ -179,7 +179,8 @@ func (b *Backend) removeOrphans(ctx context.Context, dir string) (progress bool)
 		} else {
 			_, _, _, err = b.bump(ctx, name, name, "", o.fence, 0, 0, -o.claims)
 		}
-		done := err == nil || errors.Is(err, dlock.ErrNotHeld) || errors.Is(err, dlock.ErrWrongType)
+		// errLowerUnknown: the claims may be taken off already; never twice.
+		done := err == nil || errors.Is(err, dlock.ErrNotHeld) || errors.Is(err, dlock.ErrWrongType) || errors.Is(err, errLowerUnknown)
 		b.mu.Lock()
 		delete(b.orphans.busy, name)
 		if cur := b.orphans.byName[name]; done && cur.fence == o.fence {

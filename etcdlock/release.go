@@ -31,6 +31,11 @@ func (b *Backend) bump(ctx context.Context, name, key, token string, fence int64
 				Else(clientv3.OpGet(name)).
 				Commit()
 			if err != nil {
+				if n > 0 && delta < 0 {
+					// A lowered count may have been written: lowering it
+					// again could take another holder's count.
+					return 0, 0, false, fmt.Errorf("etcdlock: lock %q: %w: %w", key, rpcErr(ctx, err), errLowerUnknown)
+				}
 				return 0, 0, false, fmt.Errorf("etcdlock: lock %q: %w", key, rpcErr(ctx, err))
 			}
 			if resp.Succeeded {
@@ -62,6 +67,14 @@ func (b *Backend) bump(ctx context.Context, name, key, token string, fence int64
 	}
 	return 0, 0, false, fmt.Errorf("etcdlock: lock %q: hold count changed %d times in a row, giving up", key, maxCAS)
 }
+
+// errLowerUnknown marks a failed bump whose lowered hold count may have
+// been written (its reply was lost): it must not be tried again, since a
+// count of an owner's entry is not tagged with its holder, and a second
+// decrement would take the hold of another Backend of the same owner. If
+// it was not written, the count is a leftover, bounded like a lost
+// re-entry's (see the package documentation, Reentrancy).
+var errLowerUnknown = errors.New("the lowered hold count may have been written")
 
 // deleteEntry deletes the entry name if it is still the incarnation
 // created at fence; never a newer one (etcd issue #22082).
@@ -136,7 +149,7 @@ func (b *Backend) Release(ctx context.Context, r dlock.Request) error {
 		case gone && h.claims > 0:
 			// The entry vanished under other holds of the same owner.
 			lost = b.markLostLocked(h, errNotHeld(r.Key))
-		case !gone && h.claims <= 0:
+		case !gone && h.claims <= 0 && !errors.Is(err, errLowerUnknown):
 			b.orphanLocked(name, fence, 1)
 			b.sweepLocked()
 		}

@@ -130,16 +130,32 @@ func (q *queued) step(ctx context.Context) (dlock.Grant, time.Duration, error) {
 	run := func(ctx context.Context) (reply, error) {
 		return b.eval(ctx, queueScript, q.keys, args...)
 	}
+	undone := make(chan struct{})
 	late := func(v reply, err error) {
+		defer close(undone)
 		if g, _, _, _, perr := parseStep(v.v, err); perr == nil && g.OK {
 			b.releaseGrant(ctx, r, g.Fence)
 		} else if err == nil {
 			q.exit(ctx)
 		}
 	}
+	if err := ctx.Err(); err != nil {
+		return dlock.Grant{}, 0, b.callErr("wait", r.Key, err) // nothing sent
+	}
 	sent := time.Now()
 	v, err := guard(b, ctx, false, run, late)
 	if err != nil {
+		if ctx.Err() != nil {
+			// The step was sent and is still running: wait (at most the
+			// waiter TTL) until it is undone, so that the waiter has left
+			// the queue when Wait returns, as dlock.Waiter says.
+			t := time.NewTimer(b.cfg.waiterTTL)
+			select {
+			case <-undone:
+			case <-t.C:
+			}
+			t.Stop()
+		}
 		return dlock.Grant{}, 0, b.callErr("wait", r.Key, err)
 	}
 	g, next, seq, deadline, err := parseStep(v.v, nil)
