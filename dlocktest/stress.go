@@ -95,11 +95,20 @@ func (s *suite) stress(t *testing.T) {
 		if k == "" {
 			continue
 		}
-		l, err := fresh.Acquire(ctxT(t, 4*s.h.TTL+s.h.Slack), k)
-		if err != nil {
-			t.Fatalf("key %s still held after every Client closed: %v", k, err)
+		// Server errors (a loaded machine) are retried; only a lock
+		// still held when the window ends fails the test.
+		ctx := ctxT(t, 4*s.h.TTL+s.h.Slack)
+		for {
+			l, err := fresh.Acquire(ctx, k)
+			if err == nil {
+				l.Release(context.Background())
+				break
+			}
+			if errors.Is(err, dlock.ErrNotAcquired) || ctx.Err() != nil {
+				t.Fatalf("key %s still held after every Client closed: %v", k, err)
+			}
+			time.Sleep(s.h.TTL / 10)
 		}
-		l.Release(context.Background())
 	}
 	t.Logf("stress %v: %d grants (%d re-entries, %d AcquireMany, %d FIFO, %d read holds, %d permits), %d refreshes, %d releases, %d cancelled or timed-out waits, %d closes, %d inspections, %d lost, %d server errors",
 		d, st.n.grants.Load(), st.n.reentries.Load(), st.n.many.Load(), st.n.fifo.Load(), st.n.reads.Load(), st.n.permits.Load(), st.n.refreshes.Load(), st.n.releases.Load(), st.n.cancelled.Load(), st.n.closes.Load(), st.n.inspections.Load(), st.n.lost.Load(), st.n.serverErrs.Load())
