@@ -56,7 +56,7 @@ func TestQuickRun(t *testing.T) {
 		"| backend | server | ops/s | × floor | × best peer |",
 		"| backend | server | waits by | acq/s | hand-offs/s |",
 		"| **dlock redislock** | Redis |", "| bsm/redislock | Redis |", "| floor: SET NX PX + Lua delete | Redis |",
-		"| fenced floor: 5-call Lua acquire + 2-call Lua release | Redis |",
+		"| fenced floor: 2-call Lua acquire + 2-call Lua release | Redis |",
 		"S1 (for information, no target): dlock redislock against the fenced floor",
 		"cd bench && go run . -quick -scenarios S1,S3",
 		"![S1 latency](bench/s1_latency.svg)", "![S3 hand-offs and fairness](bench/s3_handoffs_fairness.svg)",
