@@ -130,6 +130,14 @@ type Waiter interface {
 	Wait(ctx context.Context, r Request) (Grant, error)
 }
 
+// QueueTrier is an optional capability of a Waiter: TryBeforeQueue
+// reports that a failed TryAcquire costs no more than a look (it leaves
+// nothing behind to clean up), so the Client makes one plain attempt on a
+// key nobody queued for lately before joining the queue.
+type QueueTrier interface {
+	TryBeforeQueue() bool
+}
+
 // LossNotifier is an optional Backend capability for servers that learn of
 // a lost lock without being asked (a session that expired, a lease
 // revoked, a watched key deleted). fn is called at most once, from any

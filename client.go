@@ -25,6 +25,7 @@ type Client struct {
 	limiter  TTLLimiter
 	floor    TTLFloor
 	readers  bool // the backend has read holds: waiting writers keep readers out
+	tryFirst bool // the backend's plain attempt is cheap when held (QueueTrier)
 
 	mu        sync.Mutex
 	closed    bool
@@ -69,6 +70,9 @@ func New(b Backend, opts ...Option) *Client {
 	}
 	if ks, ok := b.(KindSupporter); ok {
 		c.readers = ks.SupportsKind(KindRead)
+	}
+	if qt, ok := b.(QueueTrier); ok {
+		c.tryFirst = qt.TryBeforeQueue()
 	}
 	c.limiter, _ = b.(TTLLimiter)
 	c.floor, _ = b.(TTLFloor)
@@ -275,7 +279,7 @@ func (c *Client) acquireWait(ctx context.Context, req Request, cfg config) (*Lea
 	// backend that cannot notify releases (the queue is how it waits).
 	if _, waits := cfg.wait.Delay(1); waits && c.waiter != nil && (req.FIFO || c.notifier == nil) {
 		tried := 0
-		if !req.FIFO && !c.contended(req.Key) {
+		if !req.FIFO && c.tryFirst && !c.contended(req.Key) {
 			// A key nobody queued for lately: one plain attempt first, on
 			// the caller's context (a queue wait needs one Close can end,
 			// which costs the backend more), and the queue only if it

@@ -55,6 +55,10 @@ func isLeaseNotFound(err error) bool {
 // MinTTL implements dlock.TTLFloor: it returns the package's MinTTL.
 func (b *Backend) MinTTL() time.Duration { return MinTTL }
 
+// TryBeforeQueue implements dlock.QueueTrier: a failed attempt creates no
+// entry (its transaction only compares).
+func (b *Backend) TryBeforeQueue() bool { return true }
+
 // ttlSeconds converts a lock TTL to a lease TTL: whole seconds, rounded up.
 func ttlSeconds(ttl time.Duration) (int64, error) {
 	if ttl < MinTTL {

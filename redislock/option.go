@@ -164,3 +164,7 @@ const MinTTL = 100 * time.Millisecond
 
 // MinTTL implements dlock.TTLFloor: it returns MinTTL.
 func (b *Backend) MinTTL() time.Duration { return MinTTL }
+
+// TryBeforeQueue implements dlock.QueueTrier: a failed attempt only reads
+// the lock.
+func (b *Backend) TryBeforeQueue() bool { return true }
