@@ -2,18 +2,17 @@ package redislock_test
 
 import (
 	"context"
-	"crypto/rand"
 	"fmt"
 	"os"
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/locktest"
 	"github.com/dlock-go/dlock/internal/testserver"
 	"github.com/dlock-go/dlock/redislock"
 )
@@ -103,29 +102,12 @@ func newClient(t testing.TB, rdb redislock.Client, opts ...dlock.Option) *dlock.
 	return c
 }
 
-// key returns a lock key unique to the test.
-func key(t testing.TB) string {
-	return strings.ReplaceAll(t.Name(), "/", ".") + "." + rand.Text()[:8]
-}
-
-func ctxT(t testing.TB, d time.Duration) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-// waitFor polls cond every millisecond until it holds or d passes.
-func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
+// The shared test kit's helpers, under this package's names.
+var (
+	key     = locktest.Key
+	ctxT    = locktest.Ctx
+	waitFor = locktest.WaitFor
+)
 
 // lockValue is a lock's value on the server (see lib.lua).
 type lockValue struct {
