@@ -67,6 +67,10 @@ type Harness struct {
 	// session (ZooKeeper) rather than until its TTL runs out without
 	// renewal: the tests that let a lease expire are skipped.
 	SessionBound bool
+
+	// StressWithoutOwners makes the Stress case take no WithOwner holds,
+	// for a backend with a documented limitation there.
+	StressWithoutOwners bool
 }
 
 func (h *Harness) defaults(t *testing.T) {
