@@ -285,7 +285,9 @@ func (s *suite) closeLeavesNothing(t *testing.T) {
 		if err := holder.Err(); !errors.Is(err, dlock.ErrReleased) {
 			t.Fatalf("holder after Close: got %v, want ErrReleased", err)
 		}
-		l, err := s.client(t).TryAcquire(ctxT(t, s.long()), key)
+		// A long TTL: a slow grant on a loaded machine is not taken for a
+		// lock still held.
+		l, err := s.client(t, dlock.WithTTL(20*s.h.TTL)).TryAcquire(ctxT(t, s.long()), key)
 		if err != nil {
 			t.Fatalf("round %d: lock still held after Close: %v", round, err)
 		}
