@@ -142,7 +142,12 @@ type QueueTrier interface {
 // a lost lock without being asked (a session that expired, a lease
 // revoked, a watched key deleted). fn is called at most once, from any
 // goroutine, with an error explaining the loss; stop cancels the
-// notification and must be called when the lease ends.
+// notification and must be called when the lease ends. When the last
+// registration of a hold stops while no Release of it is under way, the
+// Backend may take that as the hold given up and free it: the Client
+// stops a registration after it gave the lock back, or when it will not
+// (a lease lost locally; a hold whose other leases remain), never before
+// a Release of the same hold.
 type LossNotifier interface {
 	NotifyLoss(r Request, fn func(cause error)) (stop func())
 }

@@ -587,15 +587,21 @@ func (c *Client) grant(ctx context.Context, req Request, g Grant, invoke time.Ti
 }
 
 // releaseAt gives r's lock back at t, unless the Client closes first
-// (then the lock expires by itself).
-func (c *Client) releaseAt(r Request, t time.Time, timeout time.Duration) {
+// (then the lock expires by itself), and then calls stop (the lease's
+// loss registration, if it was kept for the release; nil: none).
+func (c *Client) releaseAt(r Request, t time.Time, timeout time.Duration, stop func()) {
+	if stop == nil {
+		stop = func() {}
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
+		go stop()
 		return
 	}
 	var tm *time.Timer
 	tm = time.AfterFunc(time.Until(t), func() {
+		defer stop()
 		c.mu.Lock()
 		if _, ok := c.pending[tm]; !ok || c.closed {
 			c.mu.Unlock()

@@ -60,7 +60,11 @@
 //     serialised, so they never race on the server. Two Clients (or
 //     processes) sharing an owner id re-enter each other's hold on the
 //     server, where backends support it (ZooKeeper keeps owners per
-//     session); each Client then gives back its own share.
+//     session); each Client then gives back its own share, exactly once:
+//     by the last release or by Close, or, on a backend that reports
+//     losses (LossNotifier), by the backend when the last lease of the
+//     share ended without giving it back (a lease lost locally) — then
+//     the Client sends no release of its own.
 //   - A re-entry whose context ends mid-flight leaves nothing in the
 //     Client; on the server it leaves at most a raised hold count or a
 //     later deadline, and the lock is then free at most one TTL after the

@@ -246,9 +246,12 @@ func (l *Lease) releaseLocked(ctx context.Context) error {
 		// local only (a renewal's answer lost), in the background: the
 		// caller learns of the loss at once, even from a server that does
 		// not answer. The token and fence comparison makes this harmless if
-		// someone else holds the lock now.
-		if last && !errors.Is(lostErr, ErrNotHeld) && !errors.Is(lostErr, ErrMaxHold) {
-			l.c.releaseAt(l.request(), time.Now(), l.releaseTimeout)
+		// someone else holds the lock now. A LossNotifier backend gave the
+		// hold up when the last registration of the grant stopped, as the
+		// loss ended it: a second give-back could take another Client's
+		// share of an owner's hold.
+		if last && !errors.Is(lostErr, ErrNotHeld) && !errors.Is(lostErr, ErrMaxHold) && l.c.loss == nil {
+			l.c.releaseAt(l.request(), time.Now(), l.releaseTimeout, nil)
 		}
 		l.c.forget(l)
 		return wrapOp("release", l.req.Key, lostErr)
@@ -289,12 +292,14 @@ func (l *Lease) closeRelease(ctx context.Context) error {
 	lostErr := l.err
 	l.mu.Unlock()
 	last := l.c.leaveGroup(l)
+	stop := l.keepLossWatch() // stopped once the lock is given back
+	defer stop()
 	if lostErr != nil {
 		l.c.forget(l)
 	} else {
 		l.end(fmt.Errorf("%w: %w", ErrReleased, ErrClosed), false)
 	}
-	if !last || errors.Is(lostErr, ErrNotHeld) || errors.Is(lostErr, ErrMaxHold) {
+	if !last || errors.Is(lostErr, ErrNotHeld) || errors.Is(lostErr, ErrMaxHold) || (lostErr != nil && l.c.loss != nil) {
 		return nil
 	}
 	r := l.request()
@@ -329,14 +334,17 @@ func (l *Lease) releaseLater(ctx context.Context, until time.Time) error {
 			return wrapOp("release", l.req.Key, err)
 		}
 	}
+	stop := l.keepLossWatch() // stopped once the lock is given back
 	l.end(ErrReleased, false)
-	l.c.releaseAt(r, until, l.releaseTimeout)
+	l.c.releaseAt(r, until, l.releaseTimeout, stop)
 	return nil
 }
 
 // hitMaxHold ends the lease at the end of its maximum hold and gives the
 // lock back unless another live hold of the grant remains in the Client.
 func (l *Lease) hitMaxHold() {
+	stop := l.keepLossWatch() // stopped once the lock is given back
+	defer stop()
 	if !l.end(fmt.Errorf("%w: %w", ErrLost, ErrMaxHold), true) {
 		return
 	}
@@ -364,6 +372,22 @@ func (l *Lease) hitMaxHold() {
 	ctx, cancel := context.WithTimeout(c.closeCtx, l.releaseTimeout)
 	defer cancel()
 	_ = l.c.b.Release(ctx, l.request())
+}
+
+// keepLossWatch takes l's loss registration (LossNotifier) out of l, so
+// that ending l does not stop it, and returns the function that stops it.
+// A backend may give up a hold whose last registration stops while it is
+// not being released: the caller that gives the lock back itself stops
+// the registration only afterwards, so the hold is given back once.
+func (l *Lease) keepLossWatch() (stop func()) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	stop = l.stopLoss
+	l.stopLoss = nil
+	if stop == nil {
+		stop = func() {}
+	}
+	return stop
 }
 
 func (l *Lease) isReleasing() bool {

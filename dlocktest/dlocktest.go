@@ -67,10 +67,6 @@ type Harness struct {
 	// session (ZooKeeper) rather than until its TTL runs out without
 	// renewal: the tests that let a lease expire are skipped.
 	SessionBound bool
-
-	// StressWithoutOwners makes the Stress case take no WithOwner holds,
-	// for a backend with a documented limitation there.
-	StressWithoutOwners bool
 }
 
 func (h *Harness) defaults(t *testing.T) {
@@ -124,6 +120,8 @@ func Run(t *testing.T, h Harness) {
 		{"CancelledReentry", s.cancelledReentry},
 		{"ForceReleaseReentry", s.forceReleaseReentry},
 		{"CloseLeavesNothing", s.closeLeavesNothing},
+		{"CloseKeepsOwnersShare", s.closeKeepsOwnersShare},
+		{"MinHold", s.minHold},
 		{"LimitWaits", s.limitWaits},
 		{"ContextKinds", s.contextKinds},
 		{"AcquireManyEdges", s.acquireManyEdges},

@@ -318,7 +318,9 @@ func (s *suite) limitWaits(t *testing.T) {
 // Acquire, Do, AcquireMany and a FIFO wait.
 func (s *suite) contextKinds(t *testing.T) {
 	key := Key(t)
-	holder := mustAcquire(t, s.client(t), ctxT(t, s.long()), key)
+	// A long TTL: the holder must outlast every wait even when renewals
+	// run late on a loaded machine.
+	holder := mustAcquire(t, s.client(t, dlock.WithTTL(20*s.h.TTL)), ctxT(t, s.long()), key)
 	defer release(t, holder)
 	c := s.client(t)
 	d := s.h.TTL / 5
@@ -420,4 +422,69 @@ func (s *suite) ttlFloor(t *testing.T) {
 	if !errors.Is(err, dlock.ErrInvalidTTL) {
 		t.Fatalf("Acquire with TTL %v below the floor %v: got %v, want ErrInvalidTTL", low, f.MinTTL(), err)
 	}
+}
+
+// closeKeepsOwnersShare: two Clients sharing an owner id hold a lock;
+// closing one gives back only its share, the other's lease still holds
+// the lock, and its release frees it. A backend that keeps owners per
+// session (the second Client cannot take the lock) skips it.
+func (s *suite) closeKeepsOwnersShare(t *testing.T) {
+	id := owner()
+	ctx := ctxT(t, s.long())
+	for round := 0; round < 3; round++ {
+		key := Key(t)
+		c1 := dlock.New(s.h.NewBackend(t), dlock.WithTTL(s.h.TTL))
+		l1 := mustAcquire(t, c1, ctx, key, dlock.WithOwner(id))
+		l2, err := s.client(t).TryAcquire(ctx, key, dlock.WithOwner(id))
+		if errors.Is(err, dlock.ErrNotAcquired) {
+			c1.Close()
+			t.Skip("the backend keeps owners per Client: a second Client of the owner waits")
+		}
+		if err != nil {
+			t.Fatalf("round %d: TryAcquire by the owner's second Client: %v", round, err)
+		}
+		if round == 1 {
+			release(t, l1) // a release, then Close, must not give back twice
+		}
+		if err := c1.Close(); err != nil {
+			t.Fatalf("round %d: Close: %v", round, err)
+		}
+		if err := l2.Err(); err != nil {
+			t.Fatalf("round %d: the other Client's lease after Close: %v", round, err)
+		}
+		s.assertHeld(t, key)
+		release(t, l2)
+		l, err := s.client(t, dlock.WithTTL(20*s.h.TTL)).TryAcquire(ctx, key)
+		if err != nil {
+			t.Fatalf("round %d: lock not free after the last release: %v", round, err)
+		}
+		release(t, l)
+	}
+}
+
+// minHold: a lease released inside its minimum hold keeps the lock on the
+// server until the minimum hold ends, and frees it then.
+func (s *suite) minHold(t *testing.T) {
+	hold := 2 * s.h.TTL
+	key := Key(t)
+	c := s.client(t)
+	before := time.Now() // the grant is later: the minimum hold ends after before+hold
+	l := mustAcquire(t, c, ctxT(t, s.long()), key, dlock.WithMinHold(hold))
+	release(t, l)
+	if time.Since(before) < hold-s.h.TTL/2 {
+		s.assertHeld(t, key)
+	}
+	ctx := ctxT(t, s.long())
+	other := s.client(t, dlock.WithTTL(20*s.h.TTL))
+	waitFor(t, hold+s.h.TTL+s.h.Slack+5*time.Second, func() bool {
+		l2, err := other.TryAcquire(ctx, key)
+		if err != nil {
+			return false
+		}
+		if since := time.Since(before); since < hold {
+			t.Fatalf("lock free %v after the grant, inside the minimum hold %v", since, hold)
+		}
+		release(t, l2)
+		return true
+	}, "the lock to be free after the minimum hold")
 }

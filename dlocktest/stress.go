@@ -376,7 +376,7 @@ func (st *stressState) step(ctx context.Context, rng *mrand.Rand) {
 	c := st.clients[rng.IntN(len(st.clients))]
 	st.mu.Unlock()
 	id := ""
-	if rng.IntN(2) == 0 && !st.s.h.StressWithoutOwners {
+	if rng.IntN(2) == 0 {
 		id = st.owners[rng.IntN(len(st.owners))]
 	}
 	wctx, cancel := st.waitCtx(rng)

@@ -12,8 +12,6 @@ func TestConformance(t *testing.T) {
 	dlocktest.Run(t, dlocktest.Harness{
 		NewBackend: func(t *testing.T) dlock.Backend { return etcdlock.New(newCli(t, srv.Endpoints())) },
 		TTL:        ttl,
-		// WithOwner on etcd has a known overlap (doc.go, Reentrancy).
-		StressWithoutOwners: true,
 		Outage: func(t *testing.T) func() {
 			t.Helper()
 			if err := srv.Pause(); err != nil {

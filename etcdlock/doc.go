@@ -248,12 +248,6 @@
 //
 // # Reentrancy
 //
-// Known limitation: an owner's acquisition that joins an entry of the same
-// owner id already on the server (another Client sharing the id, or a
-// count left by a cancelled attempt) can, rarely, see that entry deleted
-// while its lease is valid (docs/GUARANTEES.md). Give each process its
-// own owner ids where mutual exclusion must hold without a fence.
-//
 // A reentrant request (dlock.WithOwner) whose owner token's entry heads
 // the queue raises the COUNT in the entry's value (compare-and-swap on its
 // mod revision), makes the entry live for its TTL (see Leases) and gets
