@@ -19,17 +19,21 @@ const abandonTimeout = time.Second
 // whose node is not found, an expired session, a parent deleted under it).
 const maxCreates = 3
 
-// TryAcquire implements dlock.Backend: it queues a lock node and returns
-// a grant when the node is first, else deletes it and returns
+// TryAcquire implements dlock.Backend: it queues a node of the request's
+// kind and returns a grant when the node is first (a permit: among the
+// first N; a read hold: behind no writer), else deletes it and returns
 // Grant{OK: false}. A reentrant request of the token holding the lock
 // through this Backend raises its hold count. A TTL outside [MinTTL,
-// SessionTimeout] is an error matching dlock.ErrInvalidTTL.
+// SessionTimeout] is an error matching dlock.ErrInvalidTTL; a kind that
+// does not mix with the nodes ahead, dlock.ErrWrongType; a permit count
+// that disagrees with theirs, dlock.ErrPermits.
 func (b *Backend) TryAcquire(ctx context.Context, r dlock.Request) (dlock.Grant, error) {
 	return b.acquire(ctx, r, false)
 }
 
-// Wait implements dlock.Waiter: it queues a lock node and waits, in
-// arrival order (r.FIFO is implied), until the node is first or ctx ends.
+// Wait implements dlock.Waiter: it queues a node of the request's kind
+// and waits, in arrival order (r.FIFO is implied), until it is granted as
+// for TryAcquire or ctx ends.
 // When ctx ends it deletes the node (in the background if the server does
 // not answer within a second) and returns ctx's error. A disconnection
 // shorter than the session timeout does not end the wait.
@@ -47,18 +51,40 @@ func (b *Backend) acquire(ctx context.Context, r dlock.Request, wait bool) (dloc
 	if err := b.checkTTL(ctx, r.TTL); err != nil {
 		return dlock.Grant{}, err
 	}
-	if r.Reentrant {
+	if err := checkKind(r); err != nil {
+		return dlock.Grant{}, err
+	}
+	if b.holdsOther(r) {
+		// A token has one hold of a key here, and only a lock re-enters.
+		return dlock.Grant{}, nil
+	}
+	if r.Reentrant && r.Kind == dlock.KindLock {
 		if g, ok, err := b.reenter(ctx, r); ok || err != nil {
 			return g, err
 		}
 	}
 	keyPath := b.KeyPath(r.Key)
-	node, err := b.create(ctx, keyPath, newGUID(), []byte(r.Token))
+	guid := newGUID()
+	value := r.Value
+	if r.Kind != dlock.KindLock {
+		value = ""
+	}
+	node, err := b.create(ctx, keyPath, guid, kindPrefix(guid, r.Kind, r.Permits), encodeData(r.Token, value))
 	if err != nil {
 		return dlock.Grant{}, zkErr("acquire", r.Key, err)
 	}
 	g, err := b.queue(ctx, r, keyPath, node, wait)
 	return g, zkErr("acquire", r.Key, err)
+}
+
+// holdsOther reports whether r.Token holds r.Key through this Backend
+// with a hold that r cannot join: a permit or read hold, or a lock when r
+// is of another kind.
+func (b *Backend) holdsOther(r dlock.Request) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	h := b.holds[holdKey{r.Key, r.Token}]
+	return h != nil && (h.kind != dlock.KindLock || r.Kind != dlock.KindLock)
 }
 
 // reenter grows the hold count when r.Token holds r.Key through this
@@ -86,6 +112,9 @@ func (b *Backend) reenter(ctx context.Context, r dlock.Request) (g dlock.Grant, 
 	if b.holds[k] != h {
 		return dlock.Grant{}, false, nil // released or lost meanwhile
 	}
+	if h.kind != dlock.KindLock {
+		return dlock.Grant{}, true, nil // not a lock: nothing to re-enter
+	}
 	h.count++
 	h.pending++
 	h.orphanGen++
@@ -97,6 +126,7 @@ func (b *Backend) reenter(ctx context.Context, r dlock.Request) (g dlock.Grant, 
 // it has been held for watchDelay.
 func (b *Backend) granted(r dlock.Request, path string, czxid, session int64, own *statResult) (dlock.Grant, error) {
 	h := &hold{
+		kind:    r.Kind,
 		key:     holdKey{r.Key, r.Token},
 		path:    path,
 		fence:   uint64(czxid),
@@ -150,15 +180,16 @@ type created struct {
 	czxid int64
 }
 
-// create makes the protected ephemeral sequential node
-// keyPath/_c_<guid>-lock-<seq> holding data, creating missing parents.
+// create makes the protected ephemeral sequential node keyPath/name<seq>
+// holding data, creating missing parents; name is the node name prefix of
+// guid (nodePrefix, or kindPrefix for the other kinds).
 // When the reply of a create is lost with the connection, the node may
 // exist: it is looked up by its guid prefix (recoverCreate) before
 // creating again, so a lost reply never leaves an orphan in the queue.
 // When ctx ends while a create is in flight, its outcome is awaited in the
 // background and a node it made is deleted.
-func (b *Backend) create(ctx context.Context, keyPath, guid string, data []byte) (created, error) {
-	prefix := keyPath + "/" + nodePrefix(guid)
+func (b *Backend) create(ctx context.Context, keyPath, guid, name string, data []byte) (created, error) {
+	prefix := keyPath + "/" + name
 	var lastErr error
 	for attempt := 1; attempt <= maxCreates; attempt++ {
 		node, pending, err := awaitWrite(ctx, func() (created, error) {

@@ -1,6 +1,7 @@
 // Package zklock is the ZooKeeper backend of dlock: a fair (FIFO) lock
 // built from ephemeral sequential znodes, each waiter watching only its
-// predecessor, with the lock node's czxid as the fencing token.
+// predecessor, with the lock node's czxid as the fencing token; and, on
+// the same queues, semaphores, read-write locks and leader election.
 //
 //	conn, b, err := zklock.Connect([]string{"zk1:2181"}, 10*time.Second)
 //	if err != nil { ... }
@@ -23,11 +24,16 @@
 //	/dlock/orders%2F1001/_c_3f0c…e1-lock-0000000007   holder (lowest sequence)
 //	/dlock/orders%2F1001/_c_9a41…07-lock-0000000008   waiter, watches …07
 //
-// The node's data is the owner token (shown by Inspect). The name follows
+// The node's data is the owner token (shown by Inspect); when it carries
+// an elected leader's value (or the token starts with a zero byte), it is
+// a zero byte, the token's length as a uvarint, the token and the value.
+// The name follows
 // the "protected" convention of Apache Curator and go-zookeeper: "_c_", a
 // random 32-hex-digit guid chosen per acquisition, "-lock-", and the
-// sequence ZooKeeper appends. Queues are ordered by sequence number, so
-// nodes of go-zookeeper's zk.Lock on the same queue node interoperate.
+// sequence ZooKeeper appends ("-read-lock-" and "-semN-lock-" for the
+// other kinds of holds, see Kinds of holds). Queues are ordered by
+// sequence number, so nodes of go-zookeeper's zk.Lock on the same queue
+// node interoperate (they count as locks).
 // zklock never deletes parent nodes; root components are created as empty
 // persistent znodes on first use.
 //
@@ -93,6 +99,97 @@
 // The same owner through another Backend, i.e. another session, queues
 // like anyone else: ZooKeeper ties a lock node to one session, and a hold
 // shared across sessions would end with whichever session released first.
+//
+// # Kinds of holds
+//
+// Semaphores (dlock.KindPermit) and read-write locks (dlock.KindRead
+// beside the key's lock, which is the write hold) live in the key's queue
+// too, after Apache Curator's InterProcessSemaphoreV2 and
+// InterProcessReadWriteLock: one ephemeral sequential node per hold or
+// waiter, its kind in its name:
+//
+//	/dlock/k/_c_3f0c…e1-lock-0000000007        a lock, or a writer
+//	/dlock/k/_c_9a41…07-read-lock-0000000008   a read hold
+//	/dlock/k/_c_51d2…a0-sem3-lock-0000000009   a permit of a semaphore of 3
+//
+// Every name ends in "lock-" and the sequence, so one queue orders them
+// all, and a lock (a writer) waits for every node ahead of it, whatever
+// its kind, exactly as described above. Names that say no kind (zk.Lock's)
+// are locks.
+//
+//   - A read node is granted when no lock node is ahead of it: readers
+//     share the key, a writer waits for the readers ahead of it, and
+//     readers that come after a queued writer wait behind it — writer
+//     preference, as in Curator: a stream of readers cannot starve a
+//     writer, and readers that hold already go on. A waiting reader
+//     watches the nearest lock node ahead. Its deletion is that writer's
+//     release (a writer is granted only when first, so no writer is ahead
+//     any more) or that writer giving up. When it was the only writer
+//     ahead, the reader also watches its own node (pipelined, as a lock
+//     waiter second in line does) and the deletion is its grant, with no
+//     listing; otherwise it lists the queue again and is granted or
+//     watches the next writer ahead. A release thus wakes the readers that
+//     waited for exactly that writer, and the node behind it as for locks;
+//     no one else.
+//   - A permit node is granted when fewer than N nodes are ahead of it:
+//     the first N nodes of the queue hold the permits, in arrival order
+//     (N ≤ 65536, else dlock.ErrInvalidOption).
+//     The first waiter (N nodes ahead) watches all N, so any release wakes
+//     it, and only it. A waiter further back watches its predecessor only.
+//     A permit granted with nodes behind it rewrites its node's data,
+//     unchanged, in the background (the signal): the waiter behind, now
+//     perhaps first in line, lists the queue and watches the holders. A
+//     waiter that finds its predecessor's data version above 0 when
+//     setting its watch lists at once (the signal came first); a holder's
+//     data change does not wake the first waiter (it watches again). The
+//     signal is written whenever nodes are behind at the grant, since the
+//     waiter behind may have seen this node waiting and be watching it,
+//     whatever happened since. Without a signal, each waiter would have
+//     to watch the N nodes just ahead of it, and a release would wake up
+//     to N waiters.
+//   - Disagreement: N is in every permit node's name, so the listing each
+//     acquisition makes anyway shows the holders' N. A permit request
+//     whose nodes ahead carry another N fails with an error matching
+//     dlock.ErrPermits; kinds that do not mix
+//     (a permit behind a lock or read node, a lock or read hold behind a
+//     permit) fail with dlock.ErrWrongType. Only the nodes ahead are
+//     checked, so the first comers keep their holds; the refused request
+//     deletes its node.
+//   - Each hold is its node: a lease bound to the session exactly as a
+//     lock (all of The lease model and Lost leases below applies: Refresh,
+//     the loss watch, the clean-up of holds given up); Release deletes it,
+//     and a dead holder's node goes with its session, its permit with it.
+//     Permit and read holds are not reentrant: a request of a token that
+//     already has a permit or read hold of the key through the Backend,
+//     or a lock of the key when the request is of another kind, is not
+//     granted.
+//   - Fences: the node's czxid, as for locks. A writer is granted only
+//     when first in the queue, so every hold granted before it, readers'
+//     included, has a node created before its own, and a lower czxid; a
+//     reader that comes after a writer waits for it and has a higher one.
+//     Permits are granted in sequence order, so their fences increase in
+//     the order the permits are granted.
+//   - Round trips: an uncontended permit or read hold takes three (create,
+//     list, delete), as a lock (TestKindRoundTrips). A waiting one adds its
+//     watches (one for a reader and for a permit waiter behind the first,
+//     N for the first, pipelined; a reader behind a single writer also
+//     watches its own node) and a listing per wake-up (none for that
+//     reader's grant); a permit granted with nodes behind it also writes
+//     its signal, after the grant. A permit of a semaphore of one permit
+//     handed over by its holder's release takes five requests (create,
+//     list, watch, list, delete), and so does a read hold after a writer's
+//     release (create, list, two watches, delete) (TestKindHandoff).
+//   - Inspect lists the holders in Info.Holds: the read nodes ahead of the
+//     first lock node, or the first N permit nodes. ForceRelease deletes
+//     them all.
+//
+// Leader election (dlock.Proclaimer): the leadership is the key's lock,
+// its term the lock node's czxid, and the leader's value is kept in the
+// node's data from the create on; SetValue rewrites it (one write, which
+// lands only while the node of that grant exists). The write changes the
+// node, which ends the loss watch on it until the next Refresh sets it
+// again, and wakes the campaigner behind, which lists the queue once.
+// Losers read the leader with Inspect.
 //
 // # The lease model
 //

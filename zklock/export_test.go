@@ -10,7 +10,7 @@ var EscapeKey = escapeKey
 // CreateNode runs the protected create of an acquisition of key whose
 // guid is guid, and returns the node's path.
 func (b *Backend) CreateNode(ctx context.Context, key, guid string) (string, error) {
-	node, err := b.create(ctx, b.KeyPath(key), guid, []byte("test"))
+	node, err := b.create(ctx, b.KeyPath(key), guid, nodePrefix(guid), []byte("test"))
 	return node.path, err
 }
 

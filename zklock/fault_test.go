@@ -167,7 +167,15 @@ func TestHelperProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := dlock.New(b, dlock.WithTTL(session))
-	l, err := c.Acquire(context.Background(), k)
+	var l *dlock.Lease
+	switch os.Getenv("ZKLOCK_TEST_KIND") {
+	case "permit":
+		l, err = c.Semaphore(k, 1).Acquire(context.Background())
+	case "read":
+		l, err = c.RWLock(k).RLock(context.Background())
+	default:
+		l, err = c.Acquire(context.Background(), k)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +187,17 @@ func TestHelperProcess(t *testing.T) {
 // TestHolderProcessKilled SIGKILLs a process holding the lock (session
 // timeout 2s): the next waiter must get the lock within the session
 // timeout plus one second.
-func TestHolderProcessKilled(t *testing.T) {
+func TestHolderProcessKilled(t *testing.T) { holderKilled(t, dlock.KindLock) }
+
+// TestKindHolderProcessKilled does the same with a process holding the
+// only permit of a semaphore (the next waiter takes the permit), and one
+// holding a read hold (a writer waits for it).
+func TestKindHolderProcessKilled(t *testing.T) {
+	t.Run("permit", func(t *testing.T) { holderKilled(t, dlock.KindPermit) })
+	t.Run("read", func(t *testing.T) { holderKilled(t, dlock.KindRead) })
+}
+
+func holderKilled(t *testing.T, kind dlock.Kind) {
 	const session = 2 * time.Second
 	k := key(t)
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$")
@@ -187,6 +205,7 @@ func TestHolderProcessKilled(t *testing.T) {
 		helperEnv+"=hold",
 		"ZKLOCK_TEST_ADDR="+zkServer.Addr(),
 		"ZKLOCK_TEST_KEY="+k,
+		"ZKLOCK_TEST_KIND="+kind.String(),
 		"ZKLOCK_TEST_SESSION="+session.String())
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -228,7 +247,13 @@ func TestHolderProcessKilled(t *testing.T) {
 	ctx := ctxFor(t, time.Minute)
 	got := make(chan *dlock.Lease, 1)
 	go func() {
-		l, err := c.Acquire(ctx, k)
+		var l *dlock.Lease
+		var err error
+		if kind == dlock.KindPermit {
+			l, err = c.Semaphore(k, 1).Acquire(ctx)
+		} else {
+			l, err = c.Acquire(ctx, k) // a writer, behind a reader
+		}
 		if err != nil {
 			t.Errorf("waiter: %v", err)
 		}
@@ -245,7 +270,7 @@ func TestHolderProcessKilled(t *testing.T) {
 		t.FailNow()
 	}
 	defer l.Release(context.Background())
-	t.Logf("next waiter acquired %v after the holder process was SIGKILLed (session timeout %v)", took.Round(time.Millisecond), session)
+	t.Logf("next waiter acquired %v after the %s holder process was SIGKILLed (session timeout %v)", took.Round(time.Millisecond), kind, session)
 	if limit := session + time.Second; took > limit {
 		t.Fatalf("next waiter acquired %v after the kill, want within %v", took, limit)
 	}

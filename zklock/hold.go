@@ -29,6 +29,7 @@ type hold struct {
 	watchGen  uint32          // Connect: the connection the wire watch is on, 0: none (wirewatch.go)
 	queued    bool            // in b.toArm
 	releasing bool            // Release is deleting the node: its deletion is no loss
+	kind      dlock.Kind      // what the node grants: a lock, a permit or a read hold
 	pending   int             // grants (first or re-entry) whose lease has not registered yet
 	orphanGen uint32          // bumped by every registration and Refresh: cancels a scheduled reap
 }
@@ -50,7 +51,7 @@ func (b *Backend) lookup(r dlock.Request) *hold {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	h := b.holds[holdKey{r.Key, r.Token}]
-	if h == nil || (r.Fence != 0 && r.Fence != h.fence) {
+	if h == nil || (r.Fence != 0 && r.Fence != h.fence) || r.Kind != h.kind {
 		return nil
 	}
 	return h
@@ -206,6 +207,11 @@ func (b *Backend) setWatch(h *hold, ch <-chan zk.Event) {
 func (b *Backend) Release(ctx context.Context, r dlock.Request) error {
 	if b.err != nil {
 		return b.err
+	}
+	if r.Waiting && r.Fence == 0 {
+		// A writer that stopped waiting (see dlock.Request.Waiting): its
+		// node left the queue when its wait ended.
+		return notHeld(r.Key)
 	}
 	h := b.lookup(r)
 	if h == nil {

@@ -159,9 +159,9 @@ func position(children []string, name string) (index int, pred, pp string) {
 }
 
 // findProtected returns the child whose name starts with the protected
-// prefix of guid, or "".
+// prefix of guid (of any kind), or "".
 func findProtected(children []string, guid string) string {
-	p := nodePrefix(guid)
+	p := protectedPrefix + guid + "-"
 	for _, c := range children {
 		if strings.HasPrefix(c, p) {
 			return c

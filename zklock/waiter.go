@@ -44,6 +44,13 @@ type waiter struct {
 	watch   <-chan zk.Event // on pred
 	ppWatch <-chan zk.Event // on pp, nil when not watched
 
+	// signal is the predecessor's node and data version a permit waiter
+	// last took for a grant's signal (see watchShared).
+	signal struct {
+		path    string
+		version int32
+	}
+
 	lastOK time.Time     // the last answer from the server
 	delay  time.Duration // the next pause before a retry
 	gone   bool          // our node vanished: nothing to clean up
@@ -61,16 +68,23 @@ const (
 )
 
 // queue takes node through the queue of keyPath: granted when it is
-// first; else, for Wait, watching the nodes ahead until it is, and for
-// TryAcquire, Grant{OK: false}. Whatever ends without a grant deletes the
-// node (unless it vanished), and an ended ctx returns ctx's error.
+// first (permit and read nodes: see runShared); else, for Wait, watching
+// the nodes ahead until it is, and for TryAcquire, Grant{OK: false}.
+// Whatever ends without a grant deletes the node (unless it vanished),
+// and an ended ctx returns ctx's error.
 func (b *Backend) queue(ctx context.Context, r dlock.Request, keyPath string, node created, wait bool) (dlock.Grant, error) {
 	w := &waiter{
 		b: b, r: r, keyPath: keyPath, path: node.path, name: baseName(node.path),
 		czxid: node.czxid, session: b.conn.SessionID(), wait: wait,
 		lastOK: time.Now(), delay: retryDelay,
 	}
-	g, err := w.run(ctx)
+	var g dlock.Grant
+	var err error
+	if r.Kind == dlock.KindLock {
+		g, err = w.run(ctx)
+	} else {
+		g, err = w.runShared(ctx)
+	}
 	if err == nil && g.OK {
 		return g, nil
 	}
@@ -162,6 +176,8 @@ func (w *waiter) place(ctx context.Context) (step, error) {
 	switch {
 	case w.i < 0:
 		return 0, w.vanished()
+	case w.i > 0 && permitAhead(w.children, w.name):
+		return 0, wrongKind(w.r.Key, w.r, dlock.KindPermit)
 	case w.i > 0 && !w.wait:
 		return stepGiveUp, nil
 	case w.i > 0:

@@ -16,7 +16,8 @@ import (
 
 // Backend is a dlock.Backend on one ZooKeeper session. It also implements
 // dlock.BatchRefresher, Waiter, LossNotifier, Inspector, ForceReleaser,
-// TTLLimiter and TTLFloor. It is safe for concurrent use; create it with
+// TTLLimiter, TTLFloor, KindSupporter (semaphores and read-write locks)
+// and Proclaimer (leader election). It is safe for concurrent use; create it with
 // New or Connect.
 type Backend struct {
 	conn  *zk.Conn
