@@ -34,7 +34,7 @@ type PostgresOptions struct {
 	Settings []string
 
 	// StartTimeout bounds the wait for the server to accept a session, at
-	// start and at every Restart. 0 means DefaultStartTimeout (20 s).
+	// start and at every Restart. 0 means DefaultStartTimeout (60 s).
 	StartTimeout time.Duration
 }
 

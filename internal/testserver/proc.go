@@ -16,7 +16,7 @@ import (
 
 // DefaultStartTimeout is how long a Start function (and Restart) waits for a
 // server to answer its protocol when the options leave StartTimeout at 0.
-const DefaultStartTimeout = 20 * time.Second
+const DefaultStartTimeout = 60 * time.Second
 
 // StopGrace is how long Stop waits after SIGTERM before it sends SIGKILL.
 const StopGrace = 5 * time.Second
