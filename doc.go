@@ -127,8 +127,9 @@
 //	 (lease table or                                          waiter woken per release session mode: session ended
 //	 session advisory)
 //
-// Semaphores, read-write locks and leader election run on memlock so far;
-// the other backends answer errors.ErrUnsupported.
+// Semaphores, read-write locks and leader election run on memlock,
+// redislock, etcdlock and zklock; redlock and pglock answer
+// errors.ErrUnsupported.
 //
 // Every backend passes the conformance suite in package dlocktest against
 // a real server.

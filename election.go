@@ -110,6 +110,11 @@ func (e *Election) Proclaim(ctx context.Context, value string) error {
 	if errors.Is(err, ErrNotHeld) {
 		l.lose(err)
 	}
+	if err == nil {
+		l.mu.Lock()
+		l.req.Value = value // renewals carry the leader's current value
+		l.mu.Unlock()
+	}
 	return wrapOp("proclaim", e.key, err)
 }
 

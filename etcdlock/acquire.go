@@ -15,12 +15,15 @@ import (
 // TryAcquire implements dlock.Backend: if nobody holds or waits for the
 // lock it creates the owner's entry (one transaction); otherwise it
 // returns Grant{OK: false}, writing nothing, or re-enters for an owner
-// that holds the lock.
+// that holds the lock. A permit or read request is tryKind's.
 func (b *Backend) TryAcquire(ctx context.Context, r dlock.Request) (dlock.Grant, error) {
 	start := time.Now()
 	sec, err := b.check(r)
 	if err != nil {
 		return dlock.Grant{}, err
+	}
+	if r.Kind != dlock.KindLock {
+		return b.tryKind(ctx, r, sec, start)
 	}
 	b.clearOrphans(ctx, b.dir(r.Key))
 	name := b.claimName(r)
@@ -62,7 +65,7 @@ func (b *Backend) tryOnce(ctx context.Context, r dlock.Request, name string, sec
 	dir := b.dir(r.Key)
 	resp, err := b.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(dir), "=", 0).WithPrefix()).
-		Then(clientv3.OpPut(name, encodeValue(1, r.Token), clientv3.WithLease(ls.id))).
+		Then(clientv3.OpPut(name, entryValue(r), clientv3.WithLease(ls.id))).
 		Else(clientv3.OpGet(name), clientv3.OpGet(dir, append(clientv3.WithFirstCreate(), clientv3.WithKeysOnly())...)).
 		Commit()
 	kaErr := wait()
@@ -73,7 +76,7 @@ func (b *Backend) tryOnce(ctx context.Context, r dlock.Request, name string, sec
 	if err != nil {
 		// The transaction may have been applied (its reply lost, or ctx
 		// ended meanwhile): remove the entry it would have created.
-		b.dropCreated(ctx, name, ls, r.Token, floor)
+		b.dropCreated(ctx, name, ls, entryValue(r), floor)
 		return dlock.Grant{}, false, fmt.Errorf("etcdlock: acquire %q: %w", r.Key, rpcErr(ctx, err))
 	}
 	if resp.Succeeded {

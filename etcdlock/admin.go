@@ -2,6 +2,7 @@ package etcdlock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -17,21 +18,30 @@ var (
 )
 
 // Inspect implements dlock.Inspector: the holder of the lock key (the
-// entry heading its queue) with its owner token, fence, hold count and
-// remaining lease TTL, and the number of queued waiters. It changes
-// nothing. etcd reports whole seconds: the lease ends within Info.TTL.
+// entry heading its queue) with its owner token, fence, hold count,
+// value (an elected leader's) and remaining lease TTL, and the number of
+// queued waiters; or, when permits or read holds head the queue, each of
+// them in Info.Holds (see inspectShared). It changes nothing. etcd
+// reports whole seconds: the lease ends within Info.TTL.
 func (b *Backend) Inspect(ctx context.Context, key string) (dlock.Info, error) {
 	info, _, err := b.inspect(ctx, key)
+	if errors.Is(err, errSharedHead) {
+		info, _, err = b.inspectShared(ctx, key)
+	}
 	return info, err
 }
 
 // ForceRelease implements dlock.ForceReleaser: it deletes the entry
-// heading the lock's queue, whoever holds it, and returns what it removed
-// (Held false when free). The next waiter then holds the lock; the former
-// holder's Backend reports the lease lost.
+// heading the lock's queue, whoever holds it (every permit or read hold,
+// when those hold the key), and returns what it removed (Held false when
+// free). The next waiters then hold the key; the former holders' Backends
+// report the leases lost.
 func (b *Backend) ForceRelease(ctx context.Context, key string) (dlock.Info, error) {
 	for range maxCAS {
 		info, head, err := b.inspect(ctx, key)
+		if errors.Is(err, errSharedHead) {
+			return b.forceReleaseShared(ctx, key)
+		}
 		if err != nil || head == nil {
 			return info, err
 		}
@@ -72,11 +82,14 @@ func (b *Backend) inspect(ctx context.Context, key string) (dlock.Info, *mvccpb.
 		return info, nil, nil
 	}
 	kv := head[0]
-	count, token, ok := decodeValue(kv.Value)
+	if k, _ := kindOf(dir, string(kv.Key)); k != dlock.KindLock {
+		return dlock.Info{}, nil, errSharedHead
+	}
+	count, token, value, ok := decodeEntry(kv.Value)
 	if !ok {
 		return dlock.Info{}, nil, errWrongType(string(kv.Key))
 	}
-	info.Held, info.Owner, info.Fence, info.Count = true, token, uint64(kv.CreateRevision), count
+	info.Held, info.Owner, info.Fence, info.Count, info.Value = true, token, uint64(kv.CreateRevision), count, value
 	info.Waiters = int(resp.Responses[1].GetResponseRange().Count) - 1
 	if kv.Lease != 0 {
 		tr, err := b.cli.TimeToLive(ctx, clientv3.LeaseID(kv.Lease))

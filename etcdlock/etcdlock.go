@@ -99,6 +99,7 @@ type Backend struct {
 	names   nameSet     // entry names of non-reentrant requests (keys.go)
 	orphans orphanSet   // entries to delete in the background (orphans.go)
 	waits   waitWatches // the waiters' entry watches (entrywatch.go)
+	kinds   kindNames   // entry names of permit and read holds (kind.go)
 	wg      sync.WaitGroup
 }
 

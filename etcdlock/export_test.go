@@ -83,3 +83,9 @@ func EndPrefixWatch(b *Backend) bool {
 	b.holds.pw.cancel()
 	return true
 }
+
+// EncodeEntry and DecodeEntry are the entry value's codec.
+var (
+	EncodeEntry = encodeEntry
+	DecodeEntry = decodeEntry
+)

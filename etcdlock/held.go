@@ -383,7 +383,7 @@ func (b *Backend) NotifyLoss(r dlock.Request, fn func(cause error)) (stop func()
 	b.mu.Lock()
 	h := b.heldLocked(r.Key, r.Token)
 	switch {
-	case h == nil || h.fence != fenceRev(r.Fence):
+	case h == nil || h.fence != fenceRev(r.Fence) || b.wrongKindLocked(r):
 		b.mu.Unlock()
 		fn(fmt.Errorf("etcdlock: lock %q is not held by this owner: %w", r.Key, dlock.ErrNotHeld))
 		return func() {}

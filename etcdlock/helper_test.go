@@ -20,6 +20,7 @@ const (
 	helperEnv       = "ETCDLOCK_TEST_HELPER"
 	helperEndpoints = "ETCDLOCK_TEST_ENDPOINTS"
 	helperKey       = "ETCDLOCK_TEST_KEY"
+	helperKind      = "ETCDLOCK_TEST_KIND" // "permit" (a semaphore of 1) or "read"; else a lock
 )
 
 // TestHelperProcess is not a test: it runs only in a helper process
@@ -32,7 +33,18 @@ func TestHelperProcess(t *testing.T) {
 	}
 	cli := newCli(t, strings.Split(os.Getenv(helperEndpoints), ","))
 	c := dlock.New(etcdlock.New(cli), dlock.WithTTL(ttl))
-	l, err := c.Acquire(context.Background(), os.Getenv(helperKey))
+	var (
+		l   *dlock.Lease
+		err error
+	)
+	switch key := os.Getenv(helperKey); os.Getenv(helperKind) {
+	case "permit":
+		l, err = c.Semaphore(key, 1).Acquire(context.Background())
+	case "read":
+		l, err = c.RWLock(key).RLock(context.Background())
+	default:
+		l, err = c.Acquire(context.Background(), key)
+	}
 	if err != nil {
 		fmt.Printf("ERROR %v\n", err)
 		os.Exit(2)
@@ -48,8 +60,16 @@ func TestHelperProcess(t *testing.T) {
 // at the end of the test if still running.
 func startHolder(t *testing.T, eps []string, key string) (*exec.Cmd, uint64) {
 	t.Helper()
+	return startHolderKind(t, eps, key, "")
+}
+
+// startHolderKind is startHolder for a hold of kind ("permit": one of a
+// semaphore of 1; "read": a read hold; "": the lock).
+func startHolderKind(t *testing.T, eps []string, key, kind string) (*exec.Cmd, uint64) {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
 	cmd.Env = append(os.Environ(),
+		helperKind+"="+kind,
 		helperEnv+"=1",
 		helperEndpoints+"="+strings.Join(eps, ","),
 		helperKey+"="+key)

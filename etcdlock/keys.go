@@ -177,6 +177,7 @@ func (b *Backend) unclaimLocked(key, token, name string) {
 // held.
 func (b *Backend) freeSlotLocked(key, name string) {
 	delete(b.names.slots, name)
+	b.forgetKindLocked(name)
 	n := b.names.wide[key]
 	if n == 0 {
 		return
@@ -203,6 +204,9 @@ func (b *Backend) nameOf(key, token string) string {
 
 // nameOfLocked is nameOf with b.mu held.
 func (b *Backend) nameOfLocked(key, token string) string {
+	if name, ok := b.kindNameLocked(key, token); ok {
+		return name
+	}
 	var buf [128]byte
 	if name, s := b.slotLocked(buf[:0], key, token); s != nil {
 		return string(name)
@@ -213,6 +217,9 @@ func (b *Backend) nameOfLocked(key, token string) string {
 // heldLocked returns the hold of the entry nameOf(key, token) names, or
 // nil; without allocating when it is a slot. b.mu must be held.
 func (b *Backend) heldLocked(key, token string) *held {
+	if name, ok := b.kindNameLocked(key, token); ok {
+		return b.holds.byName[name]
+	}
 	var buf [128]byte
 	if name, s := b.slotLocked(buf[:0], key, token); s != nil {
 		return b.holds.byName[string(name)]
@@ -254,17 +261,38 @@ func encodeValue(count int, token string) string {
 	return strconv.Itoa(count) + " " + token
 }
 
-// decodeValue parses an entry's value; ok is false for anything dlock
-// did not write.
+// decodeValue parses an entry's value (see decodeEntry); ok is false for
+// anything dlock did not write.
 func decodeValue(v []byte) (count int, token string, ok bool) {
+	count, token, _, ok = decodeEntry(v)
+	return count, token, ok
+}
+
+// decodeEntry parses an entry's value, "COUNT TOKEN", or "COUNT/LEN
+// TOKEN VALUE" (no space between TOKEN and VALUE; LEN is the token's
+// length) for an elected leader's value (see encodeEntry); ok is false
+// for anything dlock did not write.
+func decodeEntry(v []byte) (count int, token, value string, ok bool) {
 	s := string(v)
 	i := strings.IndexByte(s, ' ')
 	if i <= 0 {
-		return 0, "", false
+		return 0, "", "", false
 	}
-	n, err := strconv.Atoi(s[:i])
+	head, rest := s[:i], s[i+1:]
+	tl := -1
+	if j := strings.IndexByte(head, '/'); j >= 0 {
+		n, err := strconv.Atoi(head[j+1:])
+		if err != nil || n < 0 || n > len(rest) {
+			return 0, "", "", false
+		}
+		head, tl = head[:j], n
+	}
+	n, err := strconv.Atoi(head)
 	if err != nil || n < 1 {
-		return 0, "", false
+		return 0, "", "", false
 	}
-	return n, s[i+1:], true
+	if tl < 0 {
+		return n, rest, "", true
+	}
+	return n, rest[:tl], rest[tl:], true
 }

@@ -56,7 +56,8 @@ func isLeaseNotFound(err error) bool {
 func (b *Backend) MinTTL() time.Duration { return MinTTL }
 
 // TryBeforeQueue implements dlock.QueueTrier: a failed attempt creates no
-// entry (its transaction only compares).
+// entry (its transaction only compares), except a permit's, which creates
+// and deletes one (see tryKind).
 func (b *Backend) TryBeforeQueue() bool { return true }
 
 // ttlSeconds converts a lock TTL to a lease TTL: whole seconds, rounded up.

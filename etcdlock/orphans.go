@@ -70,14 +70,14 @@ func (b *Backend) retireSlot(r dlock.Request, name string, fence int64) {
 
 // dropCreated deletes the entry name if it is exactly as a create
 // transaction with an unknown outcome, on lease ls, would have left it:
-// on ls, with value "1 token", created after revision floor (after any
-// entry of an earlier grant under that name). It uses a fresh context
+// on ls, with value (what the attempt wrote: "1 TOKEN", see entryValue),
+// created after revision floor (after any entry of an earlier grant under
+// that name). It uses a fresh context
 // derived from ctx, bounded by abandonTimeout; when the server cannot be
 // reached the entry is kept as an orphan and removed later.
-func (b *Backend) dropCreated(ctx context.Context, name string, ls *leaseState, token string, floor int64) {
+func (b *Backend) dropCreated(ctx context.Context, name string, ls *leaseState, value string, floor int64) {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abandonTimeout)
 	defer cancel()
-	value := encodeValue(1, token)
 	if err := b.deleteIfCreated(cctx, name, ls.id, value, floor); err != nil {
 		b.mu.Lock()
 		b.orphans.byName[name] = orphan{lease: ls.id, value: value, floor: floor, claims: 1}

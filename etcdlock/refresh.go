@@ -105,6 +105,8 @@ func (b *Backend) RefreshMany(ctx context.Context, rs []dlock.Request) []error {
 		}
 		h := b.heldLocked(r.Key, r.Token)
 		switch {
+		case b.wrongKindLocked(r):
+			errs[i] = errNotHeld(r.Key)
 		case h == nil || h.fence != fenceRev(r.Fence):
 			slow = append(slow, i)
 		case h.lost != nil:

@@ -94,11 +94,19 @@ func (b *Backend) deleteEntry(ctx context.Context, key, name string, fence int64
 
 // Release implements dlock.Backend: it gives up one hold of the grant
 // r.Fence, or of any grant of r.Token if r.Fence is 0 (an owner's entry
-// has its count lowered, and is deleted at zero), and returns an error matching dlock.ErrNotHeld, changing nothing,
-// when the entry is gone or is another incarnation.
+// has its count lowered, and is deleted at zero), and returns an error
+// matching dlock.ErrNotHeld, changing nothing, when the entry is gone, is
+// another incarnation or holds another kind than r.Kind. A writer's
+// withdrawal (r.Waiting with Fence 0) returns dlock.ErrNotHeld at once:
+// a queued writer's claim is its entry, which its Wait removes.
 func (b *Backend) Release(ctx context.Context, r dlock.Request) error {
 	if err := b.checkName(r); err != nil {
 		return err
+	}
+	if (r.Waiting && r.Fence == 0 && r.Kind == dlock.KindLock) || b.wrongKind(r) {
+		// A writer's withdrawn claim (a queued writer's entry is its
+		// claim, removed by its Wait), or a hold of another kind.
+		return errNotHeld(r.Key)
 	}
 	name, fence := b.nameOf(r.Key, r.Token), fenceRev(r.Fence)
 	if r.Fence == 0 {

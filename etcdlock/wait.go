@@ -17,12 +17,16 @@ import (
 // the grant once the entry heads the queue (r.FIFO is ignored: etcd
 // always serves in creation order). When ctx ends it removes the entry
 // with a fresh context and returns ctx.Err(). See the package
-// documentation, Waiting.
+// documentation, Waiting; a permit or read request waits as its kind
+// allows (see waitKind).
 func (b *Backend) Wait(ctx context.Context, r dlock.Request) (dlock.Grant, error) {
 	start := time.Now()
 	sec, err := b.check(r)
 	if err != nil {
 		return dlock.Grant{}, err
+	}
+	if r.Kind != dlock.KindLock {
+		return b.waitKind(ctx, r, sec, start)
 	}
 	dir := b.dir(r.Key)
 	b.clearOrphans(ctx, dir)
@@ -33,7 +37,7 @@ func (b *Backend) Wait(ctx context.Context, r dlock.Request) (dlock.Grant, error
 		case w.claimed:
 			b.abandon(ctx, r.Key, w.name, w.rev, r.Reentrant)
 		case w.unknown != nil:
-			b.dropCreated(ctx, w.name, w.unknown, r.Token, w.floor)
+			b.dropCreated(ctx, w.name, w.unknown, entryValue(r), w.floor)
 		}
 		b.unclaim(r, w.name)
 		if ctx.Err() != nil {
@@ -182,7 +186,7 @@ func (w *waiter) enqueue(ctx context.Context) (position, error) {
 	}
 	resp, err := b.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(w.name), "=", 0)).
-		Then(clientv3.OpPut(w.name, encodeValue(1, w.r.Token), clientv3.WithLease(ls.id)),
+		Then(clientv3.OpPut(w.name, entryValue(w.r), clientv3.WithLease(ls.id)),
 			clientv3.OpGet(w.dir, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend),
 				clientv3.WithLimit(w.queueRead()+1), clientv3.WithKeysOnly())).
 		Else(clientv3.OpGet(w.name), clientv3.OpGet(w.dir, append(clientv3.WithFirstCreate(), clientv3.WithKeysOnly())...)).

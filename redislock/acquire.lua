@@ -8,7 +8,8 @@
 --
 -- Returns {1, fence, count[, now]} when the token holds the lock now
 --                           (now: the server time in µs, for a fresh grant),
---         {0, pttl}         when another token holds it (pttl -1: no TTL),
+--         {0, pttl, readers} when another token holds it (pttl -1: no
+--                           TTL; readers 1 when read holds hold it),
 --         {-1, key, type}   when the key holds a value of another type;
 --                           nothing is changed then.
 --
@@ -43,4 +44,10 @@ if not has(fl, 'w') then
   -- Held by another token: its release PUBLISHes from now on.
   redis.call('SET', lock, pack(of, n, fl .. 'w', oa, ot), 'KEEPTTL')
 end
-return {0, redis.call('PTTL', lock)}
+-- 1 when read holds hold it (a marker: empty token, flag r), so that a
+-- writer that will wait claims it; 0 otherwise.
+local readers = 0
+if ot == '' and has(fl, 'r') then
+  readers = 1
+end
+return {0, redis.call('PTTL', lock), readers}

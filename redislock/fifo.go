@@ -17,10 +17,36 @@ import (
 // package documentation, "Waiting"). When ctx ends, the waiter leaves the
 // queue (passing on a lock just handed to it) and the error matches
 // ctx.Err(); after Close it matches dlock.ErrClosed.
+//
+// Permits wait in the semaphore's own queue, read holds by notification
+// (see "Permits and read holds" in the package documentation). A writer
+// that keeps readers out (r.Waiting) withdraws its claim when it gives
+// up.
 func (b *Backend) Wait(ctx context.Context, r dlock.Request) (dlock.Grant, error) {
 	if err := b.check(ctx, &r, true); err != nil {
 		return dlock.Grant{}, err
 	}
+	switch r.Kind {
+	case dlock.KindPermit:
+		return b.waitPermit(ctx, r)
+	case dlock.KindRead:
+		return b.waitShared(ctx, r)
+	}
+	g, err := b.waitLock(ctx, r)
+	if err != nil && r.Waiting {
+		// Without ctx's cancellation, bounded like leaving the queue.
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.cfg.waiterTTL)
+		_ = b.withdrawWriter(wctx, r)
+		cancel()
+	}
+	if err == nil {
+		err = b.grantValue(ctx, r, g)
+	}
+	return g, err
+}
+
+// waitLock is Wait for a lock.
+func (b *Backend) waitLock(ctx context.Context, r dlock.Request) (dlock.Grant, error) {
 	if err := b.hub.wakeReady(ctx); err != nil {
 		if errors.Is(err, errClosed) {
 			return dlock.Grant{}, errClosed

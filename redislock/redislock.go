@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -39,12 +40,16 @@ var (
 	_ dlock.Waiter         = (*Backend)(nil)
 	_ dlock.MultiAcquirer  = (*Backend)(nil)
 	_ dlock.TTLFloor       = (*Backend)(nil)
+	_ dlock.KindSupporter  = (*Backend)(nil)
+	_ dlock.Proclaimer     = (*Backend)(nil)
 )
 
 // Backend is a dlock.Backend on Redis. It implements dlock.Backend,
 // dlock.BatchRefresher, dlock.Waiter (a server-side queue for every wait),
-// dlock.MultiAcquirer, dlock.Inspector, dlock.ForceReleaser and
-// dlock.TTLFloor. Create it with New; it is safe for concurrent use.
+// dlock.MultiAcquirer, dlock.Inspector, dlock.ForceReleaser,
+// dlock.TTLFloor, dlock.KindSupporter (semaphores and read-write locks)
+// and dlock.Proclaimer (leader election). Create it with New; it is safe
+// for concurrent use.
 type Backend struct {
 	rdb    Client
 	cfg    config
@@ -58,7 +63,10 @@ type Backend struct {
 	claim, wakePre any
 	// ttl caches the last lease TTL's script argument, as most callers use
 	// one TTL.
-	ttl     atomic.Pointer[ttlBox]
+	ttl atomic.Pointer[ttlBox]
+	// writers is the writers' claims this Backend made (kind_claim.lua),
+	// by lock name and token: only those are withdrawn on the server.
+	writers sync.Map
 	cluster *redis.ClusterClient // rdb, when it is one (slots for Groups)
 	// ctxDeadlines reports that rdb bounds socket I/O by a context's
 	// deadline (go-redis ContextTimeoutEnabled): calls whose context has a
@@ -243,6 +251,9 @@ func (b *Backend) TryAcquireClock(ctx context.Context, r dlock.Request) (dlock.G
 	if err := b.check(ctx, &r, true); err != nil {
 		return dlock.Grant{}, 0, err
 	}
+	if r.Kind != dlock.KindLock {
+		return b.tryShared(ctx, r, "")
+	}
 	keys := []string{b.lockName(r.Key)}
 	args := []any{r.Token, b.ttlArg(r.TTL), reentrantArg(r.Reentrant), fenceArg(r.Fence)}
 	run := func(ctx context.Context) (reply, error) {
@@ -267,6 +278,11 @@ func (b *Backend) TryAcquireClock(ctx context.Context, r dlock.Request) (dlock.G
 			b.releaseGrant(ctx, r, g.Fence)
 			return dlock.Grant{}, 0, err
 		}
+		if err := b.grantValue(ctx, r, g); err != nil {
+			return dlock.Grant{}, 0, err
+		}
+	} else if r.Waiting && readersHold(v.v) {
+		b.claimWriter(ctx, r) // keep new readers out while readers hold it
 	}
 	return g, now, nil
 }
@@ -288,11 +304,9 @@ func (b *Backend) Refresh(ctx context.Context, r dlock.Request) error {
 	if err := b.check(ctx, &r, true); err != nil {
 		return err
 	}
-	lock := b.lockName(r.Key)
-	keys := []string{lock}
-	args := []any{r.Token, fenceArg(r.Fence), b.ttlArg(r.TTL)}
+	s, keys, args := b.refreshCall(r)
 	run := func(ctx context.Context) (any, error) {
-		return refreshScript.Run(ctx, b.rdb, keys, args...).Result()
+		return s.Run(ctx, b.rdb, keys, args...).Result()
 	}
 	v, err := guard(b, ctx, true, run, nil)
 	if err != nil {
@@ -311,6 +325,12 @@ func (b *Backend) Refresh(ctx context.Context, r dlock.Request) error {
 func (b *Backend) Release(ctx context.Context, r dlock.Request) error {
 	if err := b.check(ctx, &r, false); err != nil {
 		return err
+	}
+	if r.Kind != dlock.KindLock {
+		return b.releaseShared(ctx, r)
+	}
+	if r.Waiting && r.Fence == 0 {
+		return b.withdrawWriter(ctx, r) // a writer that stopped waiting
 	}
 	keys, channel := lockNames(b.lockName(r.Key))
 	args := []any{r.Token, fenceArg(r.Fence), channel, b.claimArg(), b.wakePrefix()}
@@ -344,41 +364,45 @@ func (b *Backend) RefreshMany(ctx context.Context, rs []dlock.Request) []error {
 		return errs
 	}
 	type call struct {
+		s    *redis.Script // refresh.lua, or kind_refresh.lua for permits and read holds
 		keys []string
 		args []any
 	}
 	calls := make([]call, len(idx))
 	for j, i := range idx {
-		r := rs[i]
-		calls[j] = call{
-			keys: []string{b.lockName(r.Key)},
-			args: []any{r.Token, fenceArg(r.Fence), b.ttlArg(r.TTL)},
-		}
+		s, keys, args := b.refreshCall(rs[i])
+		calls[j] = call{s: s, keys: keys, args: args}
 	}
 	run := func(ctx context.Context) ([]*redis.Cmd, error) {
 		cmds := make([]*redis.Cmd, len(calls))
 		pipe := b.rdb.Pipeline()
 		for j, c := range calls {
-			cmds[j] = pipe.EvalSha(ctx, refreshScript.Hash(), c.keys, c.args...)
+			cmds[j] = pipe.EvalSha(ctx, c.s.Hash(), c.keys, c.args...)
 		}
 		_, _ = pipe.Exec(ctx) // errors are per command
 		again := noScript(cmds, nil)
 		if len(again) > 1 {
-			// Load the script once (on every shard, with a ClusterClient)
+			// Load each script once (on every shard, with a ClusterClient)
 			// rather than send its source with every command.
-			if refreshScript.Load(ctx, b.rdb).Err() == nil {
-				pipe := b.rdb.Pipeline()
-				for _, j := range again {
-					cmds[j] = pipe.EvalSha(ctx, refreshScript.Hash(), calls[j].keys, calls[j].args...)
+			loaded := map[*redis.Script]bool{}
+			for _, j := range again {
+				if s := calls[j].s; !loaded[s] {
+					loaded[s] = s.Load(ctx, b.rdb).Err() == nil
 				}
-				_, _ = pipe.Exec(ctx)
-				again = noScript(cmds, again)
 			}
+			pipe := b.rdb.Pipeline()
+			for _, j := range again {
+				if loaded[calls[j].s] {
+					cmds[j] = pipe.EvalSha(ctx, calls[j].s.Hash(), calls[j].keys, calls[j].args...)
+				}
+			}
+			_, _ = pipe.Exec(ctx)
+			again = noScript(cmds, again)
 		}
 		if len(again) > 0 {
 			pipe := b.rdb.Pipeline()
 			for _, j := range again {
-				cmds[j] = pipe.Eval(ctx, refreshSrc, calls[j].keys, calls[j].args...)
+				cmds[j] = calls[j].s.Eval(ctx, pipe, calls[j].keys, calls[j].args...)
 			}
 			_, _ = pipe.Exec(ctx)
 		}
@@ -421,16 +445,23 @@ func (b *Backend) inspect(ctx context.Context, op, key string, del bool) (dlock.
 	if err := b.checkKey(ctx, key); err != nil {
 		return dlock.Info{}, err
 	}
+	if del {
+		// Permit or read holds are removed by their own script.
+		if info, ok, err := b.inspectShared(ctx, op, key, true); ok || err != nil {
+			return info, err
+		}
+	}
 	lock := b.lockName(key)
 	keys := lockKeys(lock)
 	args := []any{reentrantArg(del), channelName(lock), b.claimArg(), b.wakePrefix()}
-	run := func(ctx context.Context) (any, error) {
-		return inspectScript.Run(ctx, b.rdb, keys, args...).Result()
+	run := func(ctx context.Context) (inspected, error) {
+		return b.runInspect(ctx, keys, args)
 	}
-	v, err := guard(b, ctx, true, run, nil)
+	res, err := guard(b, ctx, true, run, nil)
 	if err != nil {
 		return dlock.Info{}, b.callErr(op, key, err)
 	}
+	v := res.v
 	info := dlock.Info{Key: key}
 	a, _ := v.([]any)
 	if len(a) == 0 {
@@ -453,12 +484,20 @@ func (b *Backend) inspect(ctx context.Context, op, key string, del bool) (dlock.
 			fence, ok3 := a[3].(int64)
 			pttl, ok4 := a[4].(int64)
 			waiters, ok5 := a[5].(int64)
+			if ok1 && ok2 && ok3 && ok4 && ok5 && owner == "" && !del {
+				// A marker: the key has permit or read holds.
+				if info, ok, err := b.inspectShared(ctx, op, key, false); ok || err != nil {
+					return info, err
+				}
+				return b.inspect(ctx, op, key, false) // changed meanwhile: read again
+			}
 			if ok1 && ok2 && ok3 && ok4 && ok5 {
 				info.Held, info.Owner, info.Count, info.Fence = true, owner, int(count), uint64(max(fence, 0))
 				info.Waiters = int(waiters)
 				if pttl >= 0 {
 					info.TTL = time.Duration(pttl) * time.Millisecond
 				}
+				info.Value = res.valueOf(info.Fence)
 				return info, nil
 			}
 		}

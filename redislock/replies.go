@@ -146,3 +146,15 @@ func wrongType(a []any, notHeld bool) error {
 	}
 	return e
 }
+
+// readersHold reports whether an acquire reply refused the lock because
+// read holds hold the key (its third element is 1).
+func readersHold(v any) bool {
+	a, ok := v.([]any)
+	if !ok || len(a) < 3 {
+		return false
+	}
+	code, _ := a[0].(int64)
+	n, _ := a[2].(int64)
+	return code == codeHeld && n == 1
+}
