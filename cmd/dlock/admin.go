@@ -27,12 +27,18 @@ type lockJSON struct {
 	Waiters *int    `json:"waiters"`          // null when the backend cannot tell
 	Backend string  `json:"backend"`          // the URL scheme
 	Action  *string `json:"action,omitempty"` // release: "released", "removed" or "none"
+
+	Kind    string     `json:"kind"`              // "lock", or "permit" (a semaphore's holds) or "read" (read holds)
+	Value   string     `json:"value,omitempty"`   // an elected leader's value
+	Permits int        `json:"permits,omitempty"` // kind permit: the semaphore's number of permits
+	Holds   []holdJSON `json:"holds,omitempty"`   // kind permit or read: each hold (owner and fence above are then empty)
 }
 
 func toJSON(kind string, info dlock.Info) lockJSON {
-	j := lockJSON{Key: info.Key, Held: info.Held, Backend: kind}
+	j := lockJSON{Key: info.Key, Held: info.Held, Backend: kind, Kind: info.Kind.String()}
 	if info.Held {
 		j.Owner, j.Fence, j.Count = info.Owner, info.Fence, info.Count
+		j.Value, j.Permits, j.Holds = info.Value, info.Permits, holdsJSON(info)
 		if info.TTL > 0 {
 			j.TTL = info.TTL.Round(time.Millisecond).String()
 			j.TTLms = info.TTL.Milliseconds()
@@ -51,10 +57,15 @@ func writeInfo(w io.Writer, info dlock.Info) {
 	fmt.Fprintf(tw, "key\t%s\n", info.Key)
 	if !info.Held {
 		fmt.Fprintf(tw, "held\tno\n")
+	} else if info.Kind != dlock.KindLock {
+		writeHolds(tw, info)
 	} else {
 		fmt.Fprintf(tw, "held\tyes\n")
 		fmt.Fprintf(tw, "owner\t%s\n", info.Owner)
 		fmt.Fprintf(tw, "fence\t%d\n", info.Fence)
+		if info.Value != "" {
+			fmt.Fprintf(tw, "value\t%s\n", info.Value)
+		}
 		if info.TTL > 0 {
 			fmt.Fprintf(tw, "ttl\t%v\n", info.TTL.Round(time.Millisecond))
 		} else {
@@ -108,9 +119,16 @@ func newInspectCmd(g *globals) *cobra.Command {
 		Long: `Show the state of the lock KEY as the server sees it: whether it is held, the holder's
 owner token, fencing token, remaining TTL and reentrant hold count, and the number of
 waiters queued on the server (where the backend keeps a queue). Exit code 0 whether or
-not the lock is held; use --json in scripts.`,
+not the lock is held; use --json in scripts.
+
+When KEY is an election's, the holder is the leader and its proclaimed value is shown
+too (value; the fence is its term). When KEY holds a semaphore's permits (dlock run
+--permits) or read holds (dlock run --shared), the output says which (kind permit or
+read), the semaphore's number of permits, and each hold's owner, fence and TTL (JSON:
+"kind", "permits", "holds"; "owner" and "fence" are then empty).`,
 		Example: `  dlock inspect report:nightly
-  dlock inspect --json report:nightly | jq -r .owner`,
+  dlock inspect --json report:nightly | jq -r .owner
+  dlock inspect --json payments:batch | jq '.holds | length'   # permits in use`,
 		Args: keyArg("inspect"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
@@ -219,6 +237,9 @@ func forceRelease(ctx context.Context, g *globals, c *conn, key string, asJSON b
 }
 
 func describeInfo(info dlock.Info) string {
+	if info.Kind != dlock.KindLock {
+		return describeHolds(info)
+	}
 	parts := []string{"owner " + info.Owner, fmt.Sprintf("fence %d", info.Fence)}
 	if info.TTL > 0 {
 		parts = append(parts, "TTL left "+info.TTL.Round(time.Millisecond).String())
@@ -245,6 +266,8 @@ func ownerRelease(ctx context.Context, g *globals, c *conn, key, owner string, a
 		switch {
 		case !info.Held:
 			return exitWith(exitFailure, fmt.Errorf("release: lock %q is not held: nothing released", key))
+		case info.Kind != dlock.KindLock:
+			return releaseHold(ctx, g, c, info, owner, asJSON, out)
 		case info.Owner != owner:
 			return exitWith(exitFailure, fmt.Errorf("release: lock %q is held by owner %q, not %q: nothing released", key, info.Owner, owner))
 		}

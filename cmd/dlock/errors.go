@@ -13,6 +13,7 @@ const (
 	exitFailure     = 1  // the operation failed (release refused, demo part failed, ...)
 	exitUsage       = 2  // bad flags, arguments or backend URL
 	exitUnavailable = 2  // the lock server could not be reached, did not answer or refused the connection: bad input like a wrong URL, told apart by the message
+	exitNoLeader    = 3  // leader show: the election has no leader
 	exitConflict    = 75 // default --conflict-exit-code: lock held elsewhere (EX_TEMPFAIL, like flock -E)
 	exitLost        = 76 // default --lost-exit-code: the lease was lost while the command ran
 	exitNoExec      = 127

@@ -1,9 +1,14 @@
 // Command dlock takes distributed locks from the shell: run a command
 // while holding a lock (a distributed flock(1), for cron jobs that must run
-// on one host of a fleet at a time), inspect and release locks, and run a
+// on one host of a fleet at a time), one of N permits of a semaphore, a
+// read hold of a read-write lock, or the leadership of an election; show
+// and watch an election's leader; inspect and release locks; and run a
 // demonstration of what locks and fencing tokens are for.
 //
-//	dlock run [flags] KEY -- COMMAND [ARGS...]
+//	dlock run [flags] [--permits N | --shared] KEY -- COMMAND [ARGS...]
+//	dlock leader run [flags] [--value V] KEY -- COMMAND [ARGS...]
+//	dlock leader show KEY [--json]
+//	dlock leader watch KEY [--json]
 //	dlock inspect KEY [--json]
 //	dlock release KEY --owner OWNER | --force
 //	dlock demo [--json]
@@ -68,7 +73,12 @@ func (g *globals) open(ctx context.Context) (*conn, error) {
 const rootLong = `dlock takes distributed locks from the shell.
 
   dlock run [flags] KEY -- COMMAND [ARGS...]   run COMMAND while holding the lock KEY
-  dlock inspect KEY [--json]                   show who holds KEY
+      --permits N                              ... one of N permits: at most N at once
+      --shared                                 ... a read hold: shared runs overlap
+  dlock leader run KEY -- COMMAND [ARGS...]    run COMMAND while leader of the election KEY
+  dlock leader show KEY [--json]               print KEY's leader: value, term, owner, TTL
+  dlock leader watch KEY [--json]              print each change of KEY's leader
+  dlock inspect KEY [--json]                   show who holds KEY (lock, permits, readers)
   dlock release KEY --owner OWNER | --force    release a lock
   dlock demo                                   oversell, fencing, watchdog, Redlock, backends:
                                                a guided tour on throwaway local servers
@@ -81,8 +91,10 @@ Exit codes:
   1    the operation failed (release refused, a demo part misbehaved, backend not in this build)
   2    usage error: bad flag, argument, duration or backend URL
   2    also: the lock server could not be reached, did not answer within --timeout,
-       or answered the connection with an error
-  75   run: the lock is held by another owner (--conflict-exit-code)
+       or answered the connection with an error; the backend does not support
+       --permits, --shared or leader election; --permits disagrees with KEY's holders
+  3    leader show: the election has no leader
+  75   run: the lock (all permits, the leadership) is held by others (--conflict-exit-code)
   76   run: the lease was lost while the command ran (--lost-exit-code)
   126, 127  run: the command could not be executed / was not found
   128+N     run: the command was killed by signal N`
@@ -125,6 +137,7 @@ func newRootCmd(g *globals, stdout, stderr io.Writer) *cobra.Command {
 
 	root.AddCommand(
 		newRunCmd(g),
+		newLeaderCmd(g),
 		newInspectCmd(g),
 		newReleaseCmd(g),
 		newDemoCmd(g),

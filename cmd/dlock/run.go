@@ -29,6 +29,12 @@ type runFlags struct {
 	owner        string
 	fifo         bool
 	quiet        bool
+
+	permits    int    // --permits: hold one of this many permits (kinds.go)
+	permitsSet bool   // --permits was given
+	shared     bool   // --shared: hold a read hold
+	leader     bool   // dlock leader run: hold the leadership
+	value      string // dlock leader run --value
 }
 
 const runLong = `Run COMMAND while holding the lock KEY: a distributed flock(1).
@@ -59,7 +65,21 @@ SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 sent to dlock are forwarde
 COMMAND's process group; the lock is released once COMMAND exits. A signal that arrives
 while dlock is still waiting for the lock ends the wait (exit 128+N). On Linux, if dlock
 itself is killed (SIGKILL, the OOM killer), COMMAND is killed too: nobody would renew
-the lease, and another host could soon run it alongside.`
+the lease, and another host could soon run it alongside.
+
+Instead of the lock, run can hold (on backends that support it; others refuse with
+exit 2):
+
+  --permits N    one of N permits of the semaphore KEY: at most N commands run at once.
+                 Every holder of KEY must give the same N (else exit 2). DLOCK_PERMITS
+                 is set to N; each permit has its own DLOCK_FENCE. With --owner: exit 2
+                 (permits are not reentrant).
+  --shared       a read hold of the read-write lock KEY: shared runs overlap one
+                 another, but never a plain run of KEY (the write side). A plain run
+                 waiting for KEY keeps new shared runs out. With --owner: exit 2.
+
+The wait, conflict, loss and signal rules above apply to every kind of hold. To run a
+command while leader of an election, see dlock leader run.`
 
 const runExample = `  # crontab: the nightly report runs on one host of the fleet at a time; other hosts
   # skip it quietly (exit 75) while it runs elsewhere.
@@ -67,7 +87,14 @@ const runExample = `  # crontab: the nightly report runs on one host of the flee
   0 2 * * *  dlock run --quiet --ttl 1m report:nightly -- /usr/local/bin/nightly-report
 
   # Wait up to 10 minutes for the lock, pass the fencing token on.
-  dlock run --wait 10m db:migrate -- sh -c 'migrate --fence "$DLOCK_FENCE"'`
+  dlock run --wait 10m db:migrate -- sh -c 'migrate --fence "$DLOCK_FENCE"'
+
+  # At most 3 hosts call the payment provider's batch API at once; the others wait.
+  dlock run --permits 3 --wait forever payments:batch -- ./settle
+
+  # Readers of the config run side by side; the migration runs alone.
+  dlock run --shared --wait 1m config -- ./render-config
+  dlock run --wait 10m config -- ./migrate-config`
 
 func newRunCmd(g *globals) *cobra.Command {
 	f := &runFlags{}
@@ -91,6 +118,7 @@ func newRunCmd(g *globals) *cobra.Command {
 	fl.BoolVar(&f.fifo, "fifo", false, "with --wait: wait in a server-side queue, served in arrival order (redis; etcd and ZooKeeper always queue)")
 	fl.BoolVarP(&f.quiet, "quiet", "q", false, "print nothing when the lock is held by another owner")
 	g.addMetricsFlag(cmd)
+	f.addKindFlags(cmd)
 	return cmd
 }
 
@@ -131,7 +159,7 @@ func (f *runFlags) validate() error {
 	if len(f.owner) > dlock.MaxKeyLen {
 		return usageErrorf("invalid --owner: longer than %d bytes", dlock.MaxKeyLen)
 	}
-	return nil
+	return f.validateKind()
 }
 
 var (
@@ -193,7 +221,7 @@ func runCommand(ctx context.Context, g *globals, f *runFlags, key string, argv [
 		if r := <-res; r.h != nil {
 			r.h.close()
 		}
-		return exitWith(128+signalNumber(sig), fmt.Errorf("run: interrupted by %v while taking the lock %q", sig, key))
+		return exitWith(128+signalNumber(sig), fmt.Errorf("%s: interrupted by %v while taking %s", f.cmdName(), sig, f.held(key)))
 	}
 	if err != nil {
 		return err
@@ -211,12 +239,12 @@ func acquire(ctx context.Context, g *globals, f *runFlags, spec *backendSpec, ke
 	h := &hold{conn: c}
 	copts := []dlock.Option{dlock.WithTTL(f.ttl)}
 	if (f.wait.forever || f.wait.d > 0) && !f.quiet {
-		copts = append(copts, dlock.WithObserver(&waitNotice{key: key, wait: f.wait, w: stderr}))
+		copts = append(copts, dlock.WithObserver(&waitNotice{key: key, wait: f.wait, w: stderr, cmd: f.cmdName(), busy: f.busy(key), until: f.until()}))
 	}
 	h.client = dlock.New(c.backend, g.clientOptions(copts...)...)
 	if err := h.client.Err(); err != nil {
 		h.close()
-		return nil, usageErrorf("run: %s", trim(err))
+		return nil, usageErrorf("%s: %s", f.cmdName(), trim(err))
 	}
 	var opts []dlock.Option
 	if f.owner != "" {
@@ -227,14 +255,14 @@ func acquire(ctx context.Context, g *globals, f *runFlags, spec *backendSpec, ke
 	}
 	if !f.wait.forever && f.wait.d == 0 {
 		tctx, cancel := context.WithTimeoutCause(ctx, g.timeout, errOpTimeout)
-		h.lease, err = h.client.TryAcquire(tctx, key, opts...)
+		h.lease, err = f.take(tctx, h.client, key, true, opts)
 		cancel()
 	} else {
 		wctx, cancel := ctx, context.CancelFunc(func() {})
 		if !f.wait.forever {
 			wctx, cancel = context.WithTimeoutCause(ctx, f.wait.d, errWaitOver)
 		}
-		h.lease, err = h.client.Acquire(wctx, key, opts...)
+		h.lease, err = f.take(wctx, h.client, key, false, opts)
 		cancel()
 	}
 	if err == nil {
@@ -247,7 +275,7 @@ func acquire(ctx context.Context, g *globals, f *runFlags, spec *backendSpec, ke
 		if f.quiet {
 			return nil, exitWith(f.conflictCode, nil)
 		}
-		msg := fmt.Sprintf("run: lock %q is held by another owner", key)
+		msg := f.cmdName() + ": " + f.busy(key)
 		if holder := describeHolder(h.conn, key, g.timeout); holder != "" {
 			msg += " (" + holder + ")"
 		}
@@ -259,8 +287,10 @@ func acquire(ctx context.Context, g *globals, f *runFlags, spec *backendSpec, ke
 		return nil, err // the caller reports the signal
 	case errors.As(err, &ae) && errors.Is(ae.Cause, errOpTimeout):
 		return nil, unavailable(c.kind, c.where, g.timeout, context.DeadlineExceeded)
+	case f.kindError(c.kind, key, err) != nil:
+		return nil, f.kindError(c.kind, key, err)
 	case errors.Is(err, dlock.ErrInvalidTTL), errors.Is(err, dlock.ErrInvalidOption), errors.Is(err, dlock.ErrInvalidKey):
-		return nil, usageErrorf("run: %s", trim(err))
+		return nil, usageErrorf("%s: %s", f.cmdName(), trim(err))
 	case isConnError(err):
 		return nil, unavailable(c.kind, c.where, g.timeout, err)
 	}
@@ -271,10 +301,13 @@ func acquire(ctx context.Context, g *globals, f *runFlags, spec *backendSpec, ke
 // is held elsewhere and dlock waits for it: a waiting `dlock run` is not
 // mistaken for a hung one.
 type waitNotice struct {
-	key  string
-	wait waitValue
-	w    io.Writer
-	once sync.Once
+	key   string
+	wait  waitValue
+	w     io.Writer
+	cmd   string // "run" or "leader run"
+	busy  string // why it waits: "lock "K" is held by another owner", ...
+	until string // what --wait forever waits for: "until it is free", ...
+	once  sync.Once
 }
 
 // Observe prints the notice at the first EventWaitStart of the key.
@@ -283,9 +316,9 @@ func (n *waitNotice) Observe(ctx context.Context, e dlock.Event) context.Context
 		n.once.Do(func() {
 			how := fmt.Sprintf("up to %v (--wait)", n.wait.d)
 			if n.wait.forever {
-				how = "until it is free (--wait forever)"
+				how = n.until + " (--wait forever)"
 			}
-			fmt.Fprintf(n.w, "dlock: run: lock %q is held by another owner: waiting %s\n", n.key, how)
+			fmt.Fprintf(n.w, "dlock: %s: %s: waiting %s\n", n.cmd, n.busy, how)
 		})
 	}
 	return ctx
@@ -304,7 +337,13 @@ func describeHolder(c *conn, key string, timeout time.Duration) string {
 	if err != nil || !info.Held {
 		return ""
 	}
+	if info.Kind != dlock.KindLock {
+		return describeHolds(info)
+	}
 	s := fmt.Sprintf("owner %s, fence %d", info.Owner, info.Fence)
+	if info.Value != "" {
+		s += fmt.Sprintf(", value %q", info.Value)
+	}
 	if info.TTL > 0 {
 		s += ", TTL left " + info.TTL.Round(time.Millisecond).String()
 	}
@@ -331,6 +370,7 @@ func supervise(g *globals, f *runFlags, h *hold, key string, argv []string, sigs
 		"DLOCK_OWNER="+lease.Owner(),
 		"DLOCK_BACKEND="+g.backend,
 	)
+	child.Env = append(child.Env, f.env(lease)...)
 	restore := prepareChild(child)
 	if err := child.Start(); err != nil {
 		restore()
@@ -339,7 +379,7 @@ func supervise(g *globals, f *runFlags, h *hold, key string, argv []string, sigs
 			code = exitNoExec
 		}
 		release(g, lease, stderr)
-		return exitWith(code, fmt.Errorf("run: cannot run %q: %w", argv[0], err))
+		return exitWith(code, fmt.Errorf("%s: cannot run %q: %w", f.cmdName(), argv[0], err))
 	}
 	pgid := child.Process.Pid
 	exited := make(chan struct{})
@@ -364,8 +404,8 @@ loop:
 		case <-done:
 			done = nil
 			lostErr = lease.Err()
-			fmt.Fprintf(stderr, "dlock: run: lost the lock %q while the command ran (%s): sending SIGTERM to the command (process group %d), SIGKILL in %v\n",
-				key, trim(lostErr), pgid, f.grace)
+			fmt.Fprintf(stderr, "dlock: %s: lost %s while the command ran (%s): sending SIGTERM to the command (process group %d), SIGKILL in %v\n",
+				f.cmdName(), f.held(key), trim(lostErr), pgid, f.grace)
 			_ = signalGroup(pgid, termSignal)
 			deadline = time.Now().Add(f.grace)
 			t := time.NewTimer(f.grace)
@@ -373,7 +413,7 @@ loop:
 			graceC = t.C
 		case <-graceC:
 			graceC = nil
-			fmt.Fprintf(stderr, "dlock: run: the command did not exit within %v (--grace) after losing the lock %q: sending SIGKILL\n", f.grace, key)
+			fmt.Fprintf(stderr, "dlock: %s: the command did not exit within %v (--grace) after losing %s: sending SIGKILL\n", f.cmdName(), f.grace, f.held(key))
 			_ = signalGroup(pgid, killSignal)
 		}
 	}
@@ -390,10 +430,10 @@ loop:
 			_ = signalGroup(pgid, killSignal)
 		}
 		forget(lease)
-		return exitWith(f.lostCode, fmt.Errorf("run: the command (exit status %d) was stopped because the lock %q was lost", status, key))
+		return exitWith(f.lostCode, fmt.Errorf("%s: the command (exit status %d) was stopped because %s was lost", f.cmdName(), status, f.held(key)))
 	}
 	if err := release(g, lease, stderr); err != nil {
-		return exitWith(f.lostCode, fmt.Errorf("run: the lock %q was lost before the command finished (%s); the command exited with status %d", key, trim(err), status))
+		return exitWith(f.lostCode, fmt.Errorf("%s: %s was lost before the command finished (%s); the command exited with status %d", f.cmdName(), f.held(key), trim(err), status))
 	}
 	if status != 0 {
 		return exitWith(status, nil)
