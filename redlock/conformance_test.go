@@ -26,9 +26,10 @@ func TestConformance(t *testing.T) {
 		t.Run(string(f), func(t *testing.T) {
 			dlocktest.Run(t, dlocktest.Harness{
 				NewBackend: func(t *testing.T) dlock.Backend {
-					return redlock.NewWithOptions(newClients(t, func(o *redis.Options) {
+					rdbs := newClients(t, func(o *redis.Options) {
 						o.ContextTimeoutEnabled = f == kill
-					}), redlock.WithNodeTimeout(nodeTimeout))
+					})
+					return closing{redlock.NewWithOptions(rdbs, redlock.WithNodeTimeout(nodeTimeout)), rdbs}
 				},
 				TTL: 500 * time.Millisecond,
 				Outage: func(t *testing.T) func() {
@@ -37,4 +38,20 @@ func TestConformance(t *testing.T) {
 			})
 		})
 	}
+}
+
+// closing is a Backend that closes its node clients with it: a long
+// stress run creates and closes hundreds of Clients, and their
+// connections would otherwise stay open until the test ends.
+type closing struct {
+	*redlock.Backend
+	rdbs []*redis.Client
+}
+
+func (c closing) Close() error {
+	err := c.Backend.Close()
+	for _, rdb := range c.rdbs {
+		rdb.Close()
+	}
+	return err
 }
