@@ -12,48 +12,72 @@
 // The backend keeps its state in one schema (DefaultSchema "dlock", see
 // WithSchema), which it creates on first use, marked with a comment:
 //
-//	locks   (key text PRIMARY KEY, token text, fence bigint, count integer, expires timestamptz)
+//	locks   (key text PRIMARY KEY, token text, fence bigint, count integer, expires timestamptz,
+//	         wake_until timestamptz)
 //	waiters (id bigint identity PRIMARY KEY, key text, channel text, tag bigint, expires timestamptz)
 //	fence   sequence
+//	wake(k text) boolean   function: notifies the oldest live waiter of k
 //
-// A schema of that name without the marker, or whose relations differ
-// from the list above (an extra column, a missing index), is refused with
-// an error matching dlock.ErrWrongType and never written to. So is a role
-// that lacks the privileges the statements need: the error names the
-// role and the grants. Creation is serialized between concurrent backends
-// by a transaction-scoped advisory lock.
+// A schema of that name without the marker, or whose relations and
+// functions differ from the list above (an extra column, a missing index),
+// is refused with an error matching dlock.ErrWrongType and never written
+// to. So is a role that lacks the privileges the statements need: the
+// error names the role and the grants. A schema made by the first release
+// (without wake_until and wake) is upgraded in place (ADD COLUMN, CREATE
+// FUNCTION; a role that does not own it gets an error saying so); clients
+// of that release keep working next to this one. Creation and upgrade are
+// serialized between concurrent backends by a transaction-scoped advisory
+// lock.
 //
 // # Statements
 //
-// Every operation is one statement in its own transaction, on the
-// server's clock (now(), the statement's start). A statement that fails
-// because its connection broke (after a server restart every pooled
-// connection fails once) is run once more where that is safe: Refresh,
-// Inspect and Subscribe always, TryAcquire and Release for a request with
-// a token of its own (a TryAcquire first gives back the grant the lost
-// attempt may have made), never a reentrant one, whose count could change
-// twice.
+// Every operation is one statement in its own transaction (a TryAcquire at
+// most two, see below), on the server's clock (now(), the statement's
+// start). A statement that fails because its connection broke (after a
+// server restart every pooled connection fails once) is run once more
+// where that is safe: Refresh, Inspect and Subscribe always, TryAcquire
+// and Release for a request with a token of its own (a TryAcquire first
+// gives back the grant the lost attempt may have made), never a reentrant
+// one, whose count could change twice.
 //
 //   - TryAcquire: INSERT ... ON CONFLICT (key) DO UPDATE. A missing or
 //     free row (expires <= now(): released or expired) is granted with
-//     nextval('fence'), count 1 and expires now() + TTL. A live row of the same token is
-//     re-entered only when Request.Reentrant: count + 1, the same fence,
-//     expires = greatest(expires, now() + TTL). Otherwise nothing changes
-//     and the holder's remaining TTL is returned.
+//     nextval('fence'), count 1 and expires now() + TTL. A live row of the
+//     same token is re-entered only when Request.Reentrant: count + 1, the
+//     same fence, expires = greatest(expires, now() + TTL). Otherwise
+//     nothing changes. An attempt made while a waiter of the same Backend
+//     is subscribed to the key also returns the holder's remaining TTL
+//     (the bound of that waiter's wait); the first attempt of an
+//     acquisition, which the Client follows with a subscription and an
+//     immediate retry, runs the INSERT alone and reports the holder's TTL
+//     as unknown (0): the second branch costs a grant a tenth of its time
+//     or more. A key whose lock this Backend freed last, with no waiter
+//     about, is tried first with an UPDATE of the free row alone (token, a
+//     fence from nextval, count 1, expires; where expires <= now()): the
+//     upsert's conflict path locks the row before it updates it, which
+//     costs a grant about a tenth more. When that finds no free row (the
+//     key was taken or swept since), the upsert runs: two statements, and
+//     the key is no longer tried that way. Fences drawn by the UPDATE
+//     follow the grant order as well: a concurrent change of the row makes
+//     the server compute the new version again from the latest one.
 //   - Refresh (and RefreshMany, one UPDATE ... FROM unnest(...) for a
 //     whole batch): expires = greatest(expires, now() + TTL) where key,
 //     token and (when the request carries one) fence match and the row has
 //     not expired. Deadlines never move back.
 //   - Release: where key, token and fence match on a live row, count - 1;
 //     the last hold frees the row (empty token, expires now()) and, in the
-//     same statement, notifies the oldest live waiter of the key. No
-//     match: dlock.ErrNotHeld, nothing changed.
+//     same statement, when the row's wake_until has not passed, calls
+//     wake, which notifies the oldest live waiter of the key. No match:
+//     dlock.ErrNotHeld, nothing changed. A release with no waiter about
+//     is one row update: it does not read the waiters table (a subquery
+//     on it, even one never run, costs a release about a quarter of its
+//     time).
 //
 // Each statement comes in variants for what a request decides (fence
-// compared or not, re-entry allowed or not), so that the server plans it
-// once per session and reuses the plan; a parameter tested in SQL would
-// have it planned on every execution, at several times the cost of the
-// execution.
+// compared or not, re-entry allowed or not, holder's TTL reported or not),
+// so that the server plans it once per session and reuses the plan; a
+// parameter tested in SQL would have it planned on every execution, at
+// several times the cost of the execution.
 //
 // A TryAcquire whose context ends while the statement runs may still
 // commit a grant. For a request with a token of its own (not Reentrant)
@@ -92,22 +116,35 @@
 //
 // # Waiting
 //
-// A Backend keeps one session of its own, LISTENing on a channel unique
-// to it (WithListenConfig, WithoutListen). Subscribe inserts a row into
-// waiters naming that channel and a tag; a release (or ForceRelease)
-// sends pg_notify to the channel of the oldest live waiter of the key,
-// with "TAG:KEY" as payload, in the statement that frees the lock. The
-// listener wakes that waiter alone: one waiter per release, not a herd.
-// A waiter that was woken after it had left passes the wake-up on to the
-// next live waiter, if the lock is still free.
+// A Backend keeps one session of its own, LISTENing on a channel unique to
+// it (WithListenConfig, WithoutListen). Subscribe inserts a row into
+// waiters naming that channel and a tag and, in the same statement, sets
+// the key's wake_until in locks to the waiter's expiry (inserting a free
+// row, fence 0, for a key without one; a mark that already lasts two
+// thirds of the waiter TTL is left alone, so that a crowd of waiters does
+// not queue on the row every grant and release updates); a release (or
+// ForceRelease) sends pg_notify to the channel of the oldest live waiter
+// of the key, with "TAG:KEY" as payload, in the statement that frees the
+// lock. The listener wakes that waiter alone: one waiter per release, not
+// a herd. A Subscribe that commits before a release locks the row is seen
+// by that release (wake_until is read on the row's latest version); one
+// that commits later is followed by the Client's retry, which finds the
+// lock free. A waiter that leaves deletes its row before it returns (a row
+// left to the new holder would take its next release's wake-up), but waits
+// for the server at most MinTTL: the Client stops a subscription before
+// Acquire returns, and a server that does not answer must not hold the
+// grant up; the delete then goes on in the background. A waiter that was
+// woken after it had left passes the wake-up on to the next live waiter,
+// if the lock is still free.
 //
-// The listener renews its waiters' rows every waiter TTL/3 on its own
-// session (WithWaiterTTL), so the rows of a process that died, or whose
-// session broke, stop being chosen within the waiter TTL. A broken
-// session is reconnected (pausing 10ms, doubling up to 1s, until Close);
-// meanwhile Subscribe fails and waiters fall back to the holder's TTL,
-// and once back every local waiter is woken once. A lost notification
-// therefore costs a waiter at most the holder's remaining TTL.
+// The listener renews its waiters' rows, and their keys' wake_until, every
+// waiter TTL/3 on its own session (WithWaiterTTL), so the rows of a
+// process that died, or whose session broke, stop being chosen within the
+// waiter TTL. A broken session is reconnected (pausing 10ms, doubling up
+// to 1s, until Close); meanwhile Subscribe fails and waiters fall back to
+// the holder's TTL, and once back every local waiter is woken once. A lost
+// notification therefore costs a waiter at most the holder's remaining
+// TTL.
 //
 // There is no server-side FIFO queue (dlock.Waiter): WithFIFO is refused
 // by the Client. Waiters are woken oldest first, but a new TryAcquire may
@@ -117,9 +154,10 @@
 //
 // Released and expired rows are free locks (every statement compares
 // expires with now()), and each Backend deletes lock and waiter rows that
-// have been free for more than a sweep interval, every sweep interval
-// (WithSweepInterval, default 30s): no row outlives its lock by more than
-// two sweep intervals while some Backend runs.
+// have been free for more than a sweep interval (lock rows also no
+// longer marked for a waiter for that long), every sweep interval
+// (WithSweepInterval, default 30s): no row outlives its lock, or its last
+// waiter, by more than two sweep intervals while some Backend runs.
 //
 // # Transaction pooling
 //
@@ -152,6 +190,11 @@
 // ForceRelease find the holder in pg_locks and read its fence and owner
 // in pg_stat_activity; ForceRelease ends the holder's session
 // (pg_terminate_backend).
+//
+// A hold that the Client gives up without a release (a lease lost
+// locally: the Client stops its loss registration, dlock.LossNotifier) is
+// unlocked in the background once its last registration stops, so that
+// neither the lock nor the connection outlives it.
 //
 // A session lock cannot be shared between processes: re-entry
 // (Request.Reentrant) works within one SessionBackend only. Each held

@@ -32,12 +32,26 @@ type listener struct {
 	live    bool
 	next    int64
 	subs    map[int64]chan struct{}
+	tagKeys map[int64]string // the key of each waiter
+	keys    map[string]int   // waiters per key
 }
 
 func newListener(b *Backend, cfg *pgx.ConnConfig) *listener {
 	var id [8]byte
 	_, _ = rand.Read(id[:])
-	return &listener{b: b, cfg: cfg, channel: "dlock_" + hex.EncodeToString(id[:]), subs: make(map[int64]chan struct{})}
+	return &listener{b: b, cfg: cfg, channel: "dlock_" + hex.EncodeToString(id[:]),
+		subs: make(map[int64]chan struct{}), tagKeys: make(map[int64]string), keys: make(map[string]int)}
+}
+
+// waiting reports whether a waiter of this listener is subscribed to key
+// (false for a nil listener: WithoutListen).
+func (l *listener) waiting(key string) bool {
+	if l == nil {
+		return false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.keys[key] > 0
 }
 
 // Subscribe registers a waiter for key: the next release of key that
@@ -64,6 +78,8 @@ func (b *Backend) Subscribe(ctx context.Context, key string) (<-chan struct{}, f
 	l.next++
 	tag := l.next
 	l.subs[tag] = ch
+	l.tagKeys[tag] = key
+	l.keys[key]++
 	l.mu.Unlock()
 	_, err := b.pool.Exec(ctx, b.stmts.addWaiter, key, l.channel, tag, b.cfg.waiterTTL.Microseconds())
 	if retryable(ctx, err) { // the row is unique per channel and tag: inserting twice is once
@@ -77,20 +93,53 @@ func (b *Backend) Subscribe(ctx context.Context, key string) (<-chan struct{}, f
 	stop := func() {
 		once.Do(func() {
 			l.remove(tag)
-			// A row left behind (the delete failed) is no longer renewed
-			// and stops being chosen after the waiter TTL.
-			ctx, cancel := context.WithTimeout(context.Background(), b.cfg.waiterTTL)
-			defer cancel()
-			_, _ = b.pool.Exec(ctx, b.stmts.delWaiter, l.channel, tag)
+			// The Client stops a subscription before Acquire returns: the
+			// row is deleted before stop returns (a stale row of the new
+			// holder would take its next release's wake-up, which the
+			// listener then passes on: one more round trip per hand-off),
+			// unless the server takes longer than leaveWait, when the
+			// delete goes on in the background. A row left behind (the
+			// delete failed, or Close came first) is no longer renewed and
+			// stops being chosen after the waiter TTL; a wake-up sent to it
+			// meanwhile is passed on.
+			done := make(chan struct{})
+			b.bgMu.Lock()
+			if b.closed.Load() {
+				b.bgMu.Unlock()
+				return
+			}
+			b.goBackground(func(ctx context.Context) {
+				defer close(done)
+				ctx, cancel := context.WithTimeout(ctx, b.cfg.waiterTTL)
+				defer cancel()
+				_, _ = b.pool.Exec(ctx, b.stmts.delWaiter, l.channel, tag)
+			})
+			b.bgMu.Unlock()
+			t := time.NewTimer(leaveWait)
+			defer t.Stop()
+			select {
+			case <-done:
+			case <-t.C:
+			}
 		})
 	}
 	return ch, stop, nil
 }
 
+// leaveWait bounds how long stopping a subscription waits for its row to
+// be deleted.
+const leaveWait = MinTTL
+
 func (l *listener) remove(tag int64) {
 	l.mu.Lock()
-	delete(l.subs, tag)
-	l.mu.Unlock()
+	defer l.mu.Unlock()
+	if key, ok := l.tagKeys[tag]; ok {
+		delete(l.subs, tag)
+		delete(l.tagKeys, tag)
+		if l.keys[key]--; l.keys[key] <= 0 {
+			delete(l.keys, key)
+		}
+	}
 }
 
 // ensure opens the session and starts the listen loop, once.

@@ -39,7 +39,43 @@ type Backend struct {
 	bgDone sync.WaitGroup
 	sweep  bool // the sweeper runs
 
-	lis *listener // nil with WithoutListen
+	lis   *listener // nil with WithoutListen
+	freed freedKeys
+}
+
+// maxFreed bounds the keys a freedKeys remembers.
+const maxFreed = 1024
+
+// freedKeys remembers the keys whose lock this Backend freed last with no
+// waiter about (at most maxFreed; all are forgotten when it is full):
+// TryAcquire tries them first with sqlAcquireFree. A key is forgotten
+// when that finds no free row, or when a release of it wakes a waiter or
+// leaves it held. It only chooses a statement; the statements decide.
+type freedKeys struct {
+	mu   sync.Mutex
+	keys map[string]struct{}
+}
+
+func (f *freedKeys) has(key string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	_, ok := f.keys[key]
+	return ok
+}
+
+func (f *freedKeys) add(key string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.keys == nil || len(f.keys) >= maxFreed {
+		f.keys = make(map[string]struct{})
+	}
+	f.keys[key] = struct{}{}
+}
+
+func (f *freedKeys) forget(key string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.keys, key)
 }
 
 var errClosed = fmt.Errorf("pglock: %w", dlock.ErrClosed)
@@ -136,10 +172,12 @@ func wrap(op string, err error) error {
 }
 
 // TryAcquire makes one attempt to take r.Key for r.Token with one
-// statement: a free or expired lock is granted with a new fence from the
+// statement (two when a key this Backend freed last was taken or swept
+// since): a free or expired lock is granted with a new fence from the
 // sequence; the holder's token re-enters when r.Reentrant (count + 1,
-// deadline max(D, now + TTL)); otherwise it returns Grant{OK: false} with
-// the holder's remaining TTL.
+// deadline max(D, now + TTL)); otherwise it returns Grant{OK: false},
+// with the holder's remaining TTL when a waiter of this Backend is
+// subscribed to r.Key (0, unknown, otherwise).
 func (b *Backend) TryAcquire(ctx context.Context, r dlock.Request) (dlock.Grant, error) {
 	if err := b.enter(ctx); err != nil {
 		return dlock.Grant{}, err
@@ -153,8 +191,23 @@ func (b *Backend) TryAcquire(ctx context.Context, r dlock.Request) (dlock.Grant,
 		count  int
 		remain int64
 	)
+	// The holder's TTL bounds a subscribed waiter's wait; the first
+	// attempt of a wait is followed by a subscription and an immediate
+	// retry, so it does without the answer and its cost.
+	stmt := b.stmts.acquire[b2i(r.Reentrant)][b2i(b.lis.waiting(r.Key))]
+	run := func(stmt string) error {
+		return b.pool.QueryRow(ctx, stmt, r.Key, r.Token, r.TTL.Microseconds()).Scan(&ok, &fence, &count, &remain)
+	}
 	acquire := func() error {
-		return b.pool.QueryRow(ctx, b.stmts.acquire[b2i(r.Reentrant)], r.Key, r.Token, r.TTL.Microseconds()).Scan(&ok, &fence, &count, &remain)
+		if !r.Reentrant && b.freed.has(r.Key) {
+			// Most likely still free: the UPDATE alone is cheaper than
+			// the upsert's conflict path.
+			if err := run(b.stmts.acquireFree); !errors.Is(err, pgx.ErrNoRows) {
+				return err
+			}
+			b.freed.forget(r.Key)
+		}
+		return run(stmt)
 	}
 	err := acquire()
 	if retryable(ctx, err) && !r.Reentrant {
@@ -191,7 +244,7 @@ func (b *Backend) abandon(ctx context.Context, r dlock.Request) {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abandonTimeout)
 	defer cancel()
 	r.Fence = 0
-	_ = b.pool.QueryRow(cctx, b.stmts.release[0], r.Key, r.Token, int64(0)).Scan(nil, nil)
+	_ = b.pool.QueryRow(cctx, b.stmts.release[0], r.Key, r.Token, int64(0)).Scan(nil)
 }
 
 // Refresh sets the lock's deadline to max(deadline, now + r.TTL) if
@@ -297,9 +350,9 @@ func (b *Backend) Release(ctx context.Context, r dlock.Request) error {
 	if err := b.enter(ctx); err != nil {
 		return err
 	}
-	var held bool
+	var state int
 	release := func() error {
-		return b.pool.QueryRow(ctx, b.stmts.release[b2i(r.Fence != 0)], r.Key, r.Token, int64(r.Fence)).Scan(&held, nil)
+		return b.pool.QueryRow(ctx, b.stmts.release[b2i(r.Fence != 0)], r.Key, r.Token, int64(r.Fence)).Scan(&state)
 	}
 	err := release()
 	if retryable(ctx, err) && !r.Reentrant {
@@ -308,11 +361,15 @@ func (b *Backend) Release(ctx context.Context, r dlock.Request) error {
 		// A reentrant count is not retried: it could drop twice.
 		err = release()
 	}
-	if err != nil {
-		return wrap("release", err)
-	}
-	if !held {
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
 		return fmt.Errorf("pglock: release: %w", dlock.ErrNotHeld)
+	case err != nil:
+		return wrap("release", err)
+	case state == 1: // freed, no waiter about
+		b.freed.add(r.Key)
+	default:
+		b.freed.forget(r.Key)
 	}
 	return nil
 }

@@ -74,6 +74,30 @@ func TestSchemaNotOurs(t *testing.T) {
 	}
 }
 
+// A schema made by the first release (no wake_until, no wake function) is
+// upgraded in place, and a lock held in it stays held.
+func TestSchemaUpgrade(t *testing.T) {
+	b := pglock.New(newPool(t), pglock.WithSchema("old_release"))
+	defer b.Close()
+	g, err := tryAcquire(t, b, dlock.Request{Key: "k", Token: "t", TTL: time.Minute})
+	if err != nil || !g.OK {
+		t.Fatalf("TryAcquire: %+v, %v", g, err)
+	}
+	exec(t, "ALTER TABLE old_release.locks DROP COLUMN wake_until; DROP FUNCTION old_release.wake(text)")
+	b2 := pglock.New(newPool(t), pglock.WithSchema("old_release"))
+	defer b2.Close()
+	g2, err := tryAcquire(t, b2, dlock.Request{Key: "k", Token: "t2", TTL: time.Second})
+	if err != nil {
+		t.Fatalf("TryAcquire on a first-release schema: %v", err)
+	}
+	if g2.OK {
+		t.Fatal("the lock held before the upgrade was granted to another token")
+	}
+	if g3, err := tryAcquire(t, b2, dlock.Request{Key: "k3", Token: "t3", TTL: time.Second}); err != nil || !g3.OK || g3.Fence <= g.Fence {
+		t.Fatalf("TryAcquire of a free key after the upgrade: %+v, %v (want a fence above %d)", g3, err, g.Fence)
+	}
+}
+
 // A role that may neither create the schema nor use an existing one gets
 // an error saying so.
 func TestPrivileges(t *testing.T) {
@@ -478,4 +502,47 @@ func TestDeadWaiterSkipped(t *testing.T) {
 	case <-time.After(10 * time.Second): // far below the holder's 30s TTL and the 1min strategy
 		t.Fatal("live waiter behind a dead one not woken by the release")
 	}
+}
+
+// A Backend retries a key it freed last with an UPDATE of the free row
+// alone. That choice never decides the outcome: a key another Backend
+// took since is refused (the holder's row is live), a key whose row was
+// deleted since is inserted again, and fences keep increasing across
+// both paths.
+func TestFreedKeyTakenOrDeleted(t *testing.T) {
+	a := pglock.New(newPool(t))
+	defer a.Close()
+	other := pglock.New(newPool(t))
+	defer other.Close()
+	key := dlocktest.Key(t)
+	var last uint64
+	grant := func(b *pglock.Backend, token string) dlock.Request {
+		t.Helper()
+		r := dlock.Request{Key: key, Token: token, TTL: 5 * time.Second}
+		g, err := tryAcquire(t, b, r)
+		if err != nil || !g.OK {
+			t.Fatalf("TryAcquire(%s): got %+v, %v; want granted", token, g, err)
+		}
+		if g.Fence <= last {
+			t.Fatalf("TryAcquire(%s): got fence %d, want above %d", token, g.Fence, last)
+		}
+		last, r.Fence = g.Fence, g.Fence
+		return r
+	}
+	release := func(b *pglock.Backend, r dlock.Request) {
+		t.Helper()
+		if err := b.Release(ctxT(t, 10*time.Second), r); err != nil {
+			t.Fatalf("Release(%s): %v", r.Token, err)
+		}
+	}
+	release(a, grant(a, "a1")) // a now remembers key as freed
+	r := grant(other, "b1")
+	if g, err := tryAcquire(t, a, dlock.Request{Key: key, Token: "a2", TTL: 5 * time.Second}); err != nil || g.OK {
+		t.Fatalf("TryAcquire by a while b holds: got %+v, %v; want not granted", g, err)
+	}
+	release(other, r)
+	release(a, grant(a, "a3"))
+	exec(t, "DELETE FROM dlock.locks WHERE key = $1", key)
+	release(a, grant(a, "a4"))
+	release(a, grant(a, "a5"))
 }

@@ -27,6 +27,7 @@ type SessionBackend struct {
 
 	mu   sync.Mutex
 	held map[string]*session // by key
+	gave sync.WaitGroup      // holds being given up in the background
 }
 
 var errReleased = errors.New("pglock: the lock was released")
@@ -39,6 +40,7 @@ type session struct {
 	fence uint64
 	count int
 	pid   int32
+	regs  int // live NotifyLoss registrations; guarded by SessionBackend.mu
 
 	mu       sync.Mutex // one statement at a time on conn
 	dead     error      // set once the connection failed
@@ -312,21 +314,52 @@ func (h *session) alive() bool {
 // (terminated, restarted, connection reset), at the renewal or release
 // that finds it. A session cut off by a timeout is not reported here: the
 // lease then ends when it could have expired.
+//
+// When the last registration of a hold stops while the hold is still
+// here (the Client gave the lease up without releasing it, as after a
+// local loss), the hold is given up: its lock is unlocked (waking the
+// oldest live waiter) in the background, within a second, or its
+// session closed.
 func (s *SessionBackend) NotifyLoss(r dlock.Request, fn func(cause error)) (stop func()) {
 	h, err := s.hold("notify", r)
 	if err != nil {
 		return func() {}
 	}
-	// A flag, not a sync.Once: fn's caller may call stop from inside fn.
-	var done atomic.Bool
+	s.mu.Lock()
+	h.regs++
+	s.mu.Unlock()
+	// Flags, not a sync.Once: fn's caller may call stop from inside fn.
+	var fired, stopped atomic.Bool
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.onEnd = append(h.onEnd, func(cause error) {
-		if done.CompareAndSwap(false, true) {
+		if !stopped.Load() && fired.CompareAndSwap(false, true) {
 			fn(cause)
 		}
 	})
-	return func() { done.Store(true) }
+	return func() {
+		if stopped.CompareAndSwap(false, true) {
+			s.unregister(h)
+		}
+	}
+}
+
+// unregister drops one loss registration of h; the last one gives h up if
+// it is still held (not released meanwhile).
+func (s *SessionBackend) unregister(h *session) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if h.regs--; h.regs > 0 || s.held[h.key] != h {
+		return
+	}
+	delete(s.held, h.key)
+	s.gave.Add(1)
+	go func() {
+		defer s.gave.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), abandonTimeout)
+		defer cancel()
+		_ = h.unlock(ctx, s.b.stmts.sessionUnlock)
+	}()
 }
 
 // Inspect returns whether a session holds the lock, its fence and owner
@@ -398,6 +431,7 @@ func (s *SessionBackend) Close() error {
 	held := s.held
 	s.held = make(map[string]*session)
 	s.mu.Unlock()
+	s.gave.Wait()
 	for _, h := range held {
 		h.mu.Lock()
 		if h.dead == nil {

@@ -127,3 +127,49 @@ func TestSessionRefreshRelease(t *testing.T) {
 		t.Fatalf("second Release: got %v, want ErrNotHeld", err)
 	}
 }
+
+// A hold whose last loss registration stops without a release (the Client
+// gave the lease up, as after a local loss) is given up: its lock is
+// unlocked and the key can be taken again, also through the same
+// SessionBackend. A hold that still has a registration stays held.
+func TestSessionGivenUpWhenUnwatched(t *testing.T) {
+	s := pglock.NewSession(newPool(t))
+	defer s.Close()
+	ctx := ctxT(t, 10*time.Second)
+	key := dlocktest.Key(t)
+	r := dlock.Request{Key: key, Token: "a", TTL: 5 * time.Second}
+	g, err := s.TryAcquire(ctx, r)
+	if err != nil || !g.OK {
+		t.Fatalf("TryAcquire(a): got %+v, %v; want granted", g, err)
+	}
+	r.Fence = g.Fence
+	stop1 := s.NotifyLoss(r, func(error) {})
+	stop2 := s.NotifyLoss(r, func(error) {})
+	stop1()
+	other := dlock.Request{Key: key, Token: "b", TTL: 5 * time.Second}
+	if g, err := s.TryAcquire(ctx, other); err != nil || g.OK {
+		t.Fatalf("TryAcquire(b) with a registration left: got %+v, %v; want not granted", g, err)
+	}
+	stop2()
+	stop2() // stopping twice counts once
+	for {
+		g, err := s.TryAcquire(ctx, other)
+		if err != nil {
+			t.Fatalf("TryAcquire(b) after the last stop: %v", err)
+		}
+		if g.OK {
+			if g.Fence <= r.Fence {
+				t.Fatalf("TryAcquire(b): got fence %d, want above %d", g.Fence, r.Fence)
+			}
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("the hold was not given up after its last registration stopped")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	if err := s.Release(ctx, r); !errors.Is(err, dlock.ErrNotHeld) {
+		t.Fatalf("Release(a) after it was given up: got %v, want ErrNotHeld", err)
+	}
+}

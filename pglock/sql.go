@@ -8,15 +8,41 @@ import "strings"
 // start of the statement. TTLs are passed in microseconds.
 const (
 	// $1 key, $2 token, $3 TTL µs; {reenter} is whether the holder's token
-	// re-enters (Request.Reentrant). One row: granted, fence, count,
-	// holder's remaining µs (when not granted). No row: held by another
-	// owner whose row this statement's snapshot does not see.
+	// re-enters (Request.Reentrant). One row: granted, fence, count, 0.
+	// No row: not granted.
 	//
 	// A free row (released or expired) is taken over with a fence drawn
 	// in the SET list, that is after the row is locked: grants of one key
 	// draw their fences in the order they are granted. The fence drawn in
 	// VALUES serves only a key without a row.
-	sqlAcquire = `WITH up AS (
+	sqlAcquire = `INSERT INTO {s}.locks AS l (key, token, fence, count, expires)
+  VALUES ($1, $2, nextval('{s}.fence'), 1, now() + $3::bigint * interval '1 microsecond')
+  ON CONFLICT (key) DO UPDATE SET
+    token = excluded.token,
+    fence = CASE WHEN l.expires > now() THEN l.fence ELSE nextval('{s}.fence') END,
+    count = CASE WHEN l.expires > now() THEN l.count + 1 ELSE 1 END,
+    expires = CASE WHEN l.expires > now() THEN greatest(l.expires, excluded.expires) ELSE excluded.expires END
+  WHERE l.expires <= now() OR {reenter}
+  RETURNING true, l.fence, l.count, 0::bigint`
+
+	// $1 key, $2 token, $3 TTL µs: sqlAcquire for a row that is free
+	// (released or expired), an UPDATE alone. One row: granted, fence,
+	// count, 0. No row: the key has no free row (held, or none at all).
+	// The fence is drawn when the new row version is computed; a
+	// concurrent change of the row makes the server compute it again
+	// from the latest version, so fences still follow the grant order.
+	sqlAcquireFree = `UPDATE {s}.locks l SET token = $2, fence = nextval('{s}.fence'), count = 1,
+    expires = now() + $3::bigint * interval '1 microsecond'
+  WHERE key = $1 AND expires <= now()
+  RETURNING true, l.fence, l.count, 0::bigint`
+
+	// sqlAcquireTTL is sqlAcquire that also reports, when not granted,
+	// the holder's remaining µs: one row, granted, fence, count,
+	// remaining. No row: held by another owner whose row this statement's
+	// snapshot does not see. The second branch costs the grant a
+	// noticeable share of its time, so it is used only for attempts that
+	// need the answer (see TryAcquire).
+	sqlAcquireTTL = `WITH up AS (
   INSERT INTO {s}.locks AS l (key, token, fence, count, expires)
   VALUES ($1, $2, nextval('{s}.fence'), 1, now() + $3::bigint * interval '1 microsecond')
   ON CONFLICT (key) DO UPDATE SET
@@ -44,24 +70,24 @@ FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[]) WITH ORDINALITY 
 WHERE l.key = r.key AND l.token = r.token AND (r.fence = 0 OR l.fence = r.fence) AND l.expires > now()
 RETURNING r.i`
 
-	// $1 key, $2 token, $3 fence ({fence} as in sqlRefresh). One row:
-	// whether a live hold was given up. The last hold frees the row
-	// (token '', expires now(): the row keeps the key's last fence until
-	// the sweeper deletes it) and wakes the oldest live waiter. Nothing
-	// matches: nothing changes.
-	sqlRelease = `WITH u AS (
-  UPDATE {s}.locks SET count = count - 1,
+	// $1 key, $2 token, $3 fence ({fence} as in sqlRefresh). One row when
+	// a live hold was given up (nothing matches: no row, nothing changes):
+	// 0 still held (count > 0), 1 freed with no waiter about, 2 freed and
+	// no live waiter found, 3 freed and a waiter woken. The last hold
+	// frees the row (token '', expires now(): the row keeps the key's
+	// last fence until the sweeper deletes it) and, when a waiter may be
+	// queued (wake_until > now()), wakes the oldest live one through the
+	// function wake. Only then does the statement read the waiters table:
+	// a release without waiters costs one row update.
+	sqlRelease = `UPDATE {s}.locks SET count = count - 1,
     token = CASE WHEN count > 1 THEN token ELSE '' END,
     expires = CASE WHEN count > 1 THEN expires ELSE now() END
   WHERE key = $1 AND token = $2 AND {fence} AND expires > now()
-  RETURNING count = 0 AS freed
-)
-SELECT EXISTS (SELECT 1 FROM u),
-  CASE WHEN (SELECT freed FROM u) THEN (` + sqlWake + `) END`
+  RETURNING CASE WHEN count > 0 THEN 0 WHEN wake_until <= now() THEN 1 ELSE 2 + {s}.wake($1)::int END`
 
-	// sqlWake notifies the oldest live waiter of $1, if any. In a CASE
-	// branch it runs only when the branch is taken (a wake-up in a CTE
-	// of its own costs a release as much again as the delete).
+	// sqlWake notifies the oldest live waiter of $1, if any (as the
+	// function wake does), for the statements that always wake one:
+	// ForceRelease and the session mode's unlock and termination.
 	sqlWake = `SELECT pg_notify(w.channel, w.tag || ':' || w.key) FROM {s}.waiters w
     WHERE w.key = $1 AND w.expires > now() ORDER BY w.id LIMIT 1`
 
@@ -80,17 +106,38 @@ FROM (SELECT 1) one LEFT JOIN {s}.locks l ON l.key = $1 AND l.expires > now()`
 )
 SELECT u.token, u.fence, u.count, (extract(epoch FROM u.expires - now()) * 1e6)::bigint, (` + sqlWake + `) FROM u`
 
-	// $1 key, $2 channel, $3 tag, $4 TTL µs.
-	sqlAddWaiter = `INSERT INTO {s}.waiters (key, channel, tag, expires)
-VALUES ($1, $2, $3, now() + $4::bigint * interval '1 microsecond')
-ON CONFLICT (channel, tag) DO NOTHING`
+	// $1 key, $2 channel, $3 tag, $4 TTL µs. The waiter's row, and the
+	// key's lock row marked (wake_until) so that releases look for
+	// waiters until then; a key without a row gets a free one. A mark
+	// that already lasts two thirds of the TTL is left alone: the lock row
+	// is the one every acquire and release of the key updates, and a
+	// crowd of waiters writing it would queue behind them (heartbeats,
+	// every TTL/3, keep the mark ahead of the waiters' rows).
+	sqlAddWaiter = `WITH w AS (
+  INSERT INTO {s}.waiters (key, channel, tag, expires)
+  VALUES ($1, $2, $3, now() + $4::bigint * interval '1 microsecond')
+  ON CONFLICT (channel, tag) DO NOTHING
+)
+INSERT INTO {s}.locks AS l (key, token, fence, count, expires, wake_until)
+SELECT $1, '', 0, 0, now(), now() + $4::bigint * interval '1 microsecond'
+WHERE NOT EXISTS (SELECT 1 FROM {s}.locks m
+  WHERE m.key = $1 AND m.wake_until >= now() + $4::bigint * 2 / 3 * interval '1 microsecond')
+ON CONFLICT (key) DO UPDATE SET wake_until = greatest(l.wake_until, excluded.wake_until)`
 
 	// $1 channel, $2 tag.
 	sqlDelWaiter = `DELETE FROM {s}.waiters WHERE channel = $1 AND tag = $2`
 
-	// $1 channel, $2 tags, $3 TTL µs.
-	sqlHeartbeat = `UPDATE {s}.waiters SET expires = now() + $3::bigint * interval '1 microsecond'
-WHERE channel = $1 AND tag = ANY($2::bigint[])`
+	// $1 channel, $2 tags, $3 TTL µs: the waiters' rows and their keys'
+	// marks renewed (as by sqlAddWaiter).
+	sqlHeartbeat = `WITH w AS (
+  UPDATE {s}.waiters SET expires = now() + $3::bigint * interval '1 microsecond'
+  WHERE channel = $1 AND tag = ANY($2::bigint[]) RETURNING key
+)
+INSERT INTO {s}.locks AS l (key, token, fence, count, expires, wake_until)
+SELECT DISTINCT key, '', 0::bigint, 0, now(), now() + $3::bigint * interval '1 microsecond' FROM w
+WHERE NOT EXISTS (SELECT 1 FROM {s}.locks m
+  WHERE m.key = w.key AND m.wake_until >= now() + $3::bigint * 2 / 3 * interval '1 microsecond')
+ON CONFLICT (key) DO UPDATE SET wake_until = greatest(l.wake_until, excluded.wake_until)`
 
 	// $1 key, $2 channel, $3 tag: a waiter that was woken but had already
 	// left passes the wake-up on to the oldest other live waiter, if the
@@ -142,8 +189,10 @@ FROM k JOIN pg_locks l ON l.locktype = 'advisory' AND l.granted AND l.objsubid =
 	sqlSessionUnlock = `SELECT pg_advisory_unlock(hashtextextended('{n}:' || $1, 0)),
   (` + sqlWake + `), set_config('idle_session_timeout', '0', false) || set_config('application_name', '', false)`
 
-	// $1 age µs: rows that expired longer ago than that.
-	sqlSweep = `WITH l AS (DELETE FROM {s}.locks WHERE expires < now() - $1::bigint * interval '1 microsecond' RETURNING 1),
+	// $1 age µs: rows that expired longer ago than that (lock rows also
+	// marked for waiters no later than that).
+	sqlSweep = `WITH l AS (DELETE FROM {s}.locks WHERE expires < now() - $1::bigint * interval '1 microsecond'
+  AND wake_until < now() - $1::bigint * interval '1 microsecond' RETURNING 1),
 w AS (DELETE FROM {s}.waiters WHERE expires < now() - $1::bigint * interval '1 microsecond' RETURNING 1)
 SELECT (SELECT count(*) FROM l), (SELECT count(*) FROM w)`
 )
@@ -155,7 +204,8 @@ SELECT (SELECT count(*) FROM l), (SELECT count(*) FROM w)`
 // "$3 = 0 OR fence = $3" is planned anew on every execution, which costs
 // more than running it).
 type statements struct {
-	acquire      [2]string // [reentrant]
+	acquire      [2][2]string // [reentrant][holder's TTL reported]
+	acquireFree  string
 	refresh      [2]string // [fenced]
 	release      [2]string // [fenced]
 	refreshMany  string
@@ -177,11 +227,14 @@ func newStatements(schema string) statements {
 	r := strings.NewReplacer("{s}", q, "{n}", schema)
 	anyFence := strings.NewReplacer("{s}", q, "{fence}", "$3::bigint = 0")
 	fenced := strings.NewReplacer("{s}", q, "{fence}", "fence = $3::bigint")
+	once := strings.NewReplacer("{s}", q, "{reenter}", "false")
+	reenter := strings.NewReplacer("{s}", q, "{reenter}", "l.token = excluded.token")
 	return statements{
-		acquire: [2]string{
-			strings.NewReplacer("{s}", q, "{reenter}", "false").Replace(sqlAcquire),
-			strings.NewReplacer("{s}", q, "{reenter}", "l.token = excluded.token").Replace(sqlAcquire),
+		acquire: [2][2]string{
+			{once.Replace(sqlAcquire), once.Replace(sqlAcquireTTL)},
+			{reenter.Replace(sqlAcquire), reenter.Replace(sqlAcquireTTL)},
 		},
+		acquireFree:  r.Replace(sqlAcquireFree),
 		refresh:      [2]string{anyFence.Replace(sqlRefresh), fenced.Replace(sqlRefresh)},
 		release:      [2]string{anyFence.Replace(sqlRelease), fenced.Replace(sqlRelease)},
 		refreshMany:  r.Replace(sqlRefreshMany),
