@@ -265,17 +265,18 @@ func (s *suite) tryAcquireHeld(t *testing.T) {
 	key := Key(t)
 	l := mustAcquire(t, s.client(t), ctxT(t, s.long()), key)
 	defer release(t, l)
-	start := time.Now()
+	// The holder is renewed for longer than the context lasts: a
+	// TryAcquire that waited would end with the context's error.
 	_, err := s.client(t).TryAcquire(ctxT(t, s.long()), key)
+	if errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("TryAcquire waited until its context ended: %v", err)
+	}
 	var ae *dlock.AcquireError
 	if !errors.As(err, &ae) || !errors.Is(err, dlock.ErrNotAcquired) {
 		t.Fatalf("TryAcquire on a held lock: got %v, want *AcquireError matching ErrNotAcquired", err)
 	}
 	if ae.Cause != nil || ae.Attempts != 1 {
 		t.Fatalf("TryAcquire: got Cause=%v Attempts=%d, want nil and 1", ae.Cause, ae.Attempts)
-	}
-	if d := time.Since(start); d > s.h.TTL/2 {
-		t.Fatalf("TryAcquire took %v, want no waiting", d)
 	}
 }
 
@@ -484,16 +485,12 @@ func (s *suite) cancelWait(t *testing.T) {
 	}()
 	time.Sleep(s.h.TTL / 10) // let it start waiting (not a condition: any phase must cancel)
 	cancel()
-	start := time.Now()
+	// The holder is renewed until the test ends: only the cancellation
+	// can end the wait.
 	select {
 	case err := <-done:
 		if !errors.Is(err, dlock.ErrNotAcquired) || !errors.Is(err, context.Canceled) {
 			t.Fatalf("cancelled wait: got %v, want ErrNotAcquired and context.Canceled", err)
-		}
-		// Promptly: well before the holder's TTL would have ended the
-		// wait (a queued waiter first removes its entry: a round trip).
-		if d := time.Since(start); d > s.h.Slack {
-			t.Fatalf("cancelled wait returned after %v, want within %v", d, s.h.Slack)
 		}
 	case <-time.After(s.long()):
 		t.Fatal("cancelled wait did not return")
