@@ -44,3 +44,15 @@ func (c closingPool) Close() error {
 	c.pool.Close()
 	return err
 }
+
+// closingSession is closingPool for the session mode.
+type closingSession struct {
+	*pglock.SessionBackend
+	pool *pgxpool.Pool
+}
+
+func (c closingSession) Close() error {
+	err := c.SessionBackend.Close()
+	c.pool.Close()
+	return err
+}

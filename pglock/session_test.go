@@ -22,8 +22,11 @@ var _ interface {
 
 func TestSessionConformance(t *testing.T) {
 	dlocktest.Run(t, dlocktest.Harness{
-		NewBackend: func(t *testing.T) dlock.Backend { return pglock.NewSession(newPool(t)) },
-		TTL:        ttl,
+		NewBackend: func(t *testing.T) dlock.Backend {
+			pool := newPool(t)
+			return closingSession{pglock.NewSession(pool), pool}
+		},
+		TTL: ttl,
 		Outage: func(t *testing.T) func() {
 			t.Helper()
 			if err := srv.Pause(); err != nil {
