@@ -48,6 +48,10 @@ type Findings struct {
 	Crashes []string       // worker processes that ended unexpectedly
 	Faults  []FaultFinding // the fault windows
 	Invalid []string       // why the run does not count (empty: it counts)
+
+	// Hold describes a run of a kind other than the lock (Config.Kind);
+	// LeaseOverlaps then lists conflicting holds, see HoldFindings.
+	Hold *HoldFindings `json:",omitempty"`
 }
 
 // LeaseRef identifies one lease in Findings.
@@ -117,6 +121,7 @@ type lease struct {
 	invoke   int64
 	csEnd    int64 // end of the critical section as the worker saw it
 	released bool
+	hold     string // Event.Hold of its acquisition
 }
 
 // Check analyses a history (all processes' events, as ReadHistory returns
@@ -151,9 +156,11 @@ func Check(evs []Event, opts CheckOptions) (*Findings, error) {
 
 	leases := collectLeases(evs, exits, lastNs)
 	f.Grants = len(leases)
-	f.LeaseOverlaps = leaseOverlaps(leases)
-	f.FenceRegressions = fenceRegressions(leases)
-	f.CriticalSections, f.BeliefOverlaps = beliefOverlaps(leases)
+	if !checkKind(f, evs, leases) {
+		f.LeaseOverlaps = leaseOverlaps(leases)
+		f.FenceRegressions = fenceRegressions(leases)
+		f.CriticalSections, f.BeliefOverlaps = beliefOverlaps(leases)
+	}
 
 	quiet := map[int]bool{}
 	for _, e := range evs {
@@ -209,6 +216,7 @@ func collectLeases(evs []Event, exits map[string]int64, lastNs int64) []*lease {
 			LeaseRef: LeaseRef{Proc: e.Proc, Owner: e.Owner, Fence: e.Fence, GrantedNs: e.CompleteNs, LiveNs: e.ExpiresNs},
 			invoke:   e.InvokeNs,
 			csEnd:    math.MaxInt64,
+			hold:     e.Hold,
 		}
 		if l.LiveNs == 0 {
 			l.LiveNs = e.CompleteNs
@@ -606,8 +614,8 @@ func invalidReasons(f *Findings, kinds []string) []string {
 // Violations on the naive register are expected (it is the negative
 // control) and not listed.
 func (f *Findings) Violations() []string {
-	var out []string
-	if n := len(f.LeaseOverlaps); n > 0 {
+	out := f.Hold.violations(f)
+	if n := len(f.LeaseOverlaps); n > 0 && f.Hold == nil {
 		o := f.LeaseOverlaps[0]
 		out = append(out, fmt.Sprintf("%d lease overlaps, e.g. %s (fence %d) granted while %s (fence %d) was live for %v more",
 			n, o.B.Proc, o.B.Fence, o.A.Proc, o.A.Fence, time.Duration(o.UntilNs-o.FromNs).Round(time.Microsecond)))

@@ -61,9 +61,26 @@ const (
 	// TTL/5 for 2 × TTL, blackholes the connections (holds all data) for
 	// 1.5–3 × TTL, or resets every connection.
 	FaultProxy = "proxy"
+	// FaultLeaderKill kills the node that leads the local deployment — the
+	// Sentinel primary, the Cluster primary of the lock key's slot, the
+	// etcd or ZooKeeper leader, the only node of a single server — with
+	// SIGKILL and restarts it after 3–5 × TTL and at least the
+	// deployment's failover time. A Redis node comes back empty. Needs a
+	// local server other than Redlock and PostgreSQL.
+	FaultLeaderKill = "leader-kill"
+	// FaultLeaderPause stops the leading node (see FaultLeaderKill) with
+	// SIGSTOP for 3–5 × TTL, past the failover timeout, so it resumes
+	// believing it still leads. Needs a local server other than Redlock.
+	FaultLeaderPause = "leader-pause"
+	// FaultLeaderPartition cuts the leading node of a local etcd cluster
+	// or ZooKeeper ensemble ("etcd://local?n=3", "zk://local?n=3") off
+	// from the other members and from every client for 3–5 × TTL, then
+	// heals the partition. The deployment then runs with one network
+	// namespace per member (Linux, root, the ip command).
+	FaultLeaderPartition = "leader-partition"
 )
 
-var faultNames = []string{FaultNone, FaultPause, FaultKill, FaultRestart, FaultRestartPersist, FaultServerPause, FaultProxy}
+var faultNames = []string{FaultNone, FaultPause, FaultKill, FaultRestart, FaultRestartPersist, FaultServerPause, FaultProxy, FaultLeaderKill, FaultLeaderPause, FaultLeaderPartition}
 
 // FaultNames returns the known fault names, for help texts.
 func FaultNames() []string { return slices.Clone(faultNames) }
@@ -101,12 +118,17 @@ var ErrUnavailable = errors.New("verify: backend does not answer")
 type Config struct {
 	// BackendURL is the lock server the workers open with the OpenFunc.
 	// With the host "local" — "redis://local", "redlock://local" (3 nodes;
-	// "redlock://local?n=5" for 5), "etcd://local", "zk://local" — the
+	// "redlock://local?n=5" for 5), "etcd://local", "zk://local" (one
+	// member; "?n=3" for an etcd cluster or a ZooKeeper ensemble of 3),
+	// "redis+sentinel://local" (a primary, two replicas and three
+	// sentinels; "?n=2" for one replica), "redis+cluster://local" (three
+	// primaries with one replica each),
+	// "postgres://local" (user and database postgres) — the
 	// coordinator starts the server(s) itself on loopback for every run
 	// (via internal/testserver) and hands the workers the real address;
-	// only then are the faults restart, restart-persist and server-pause
-	// possible. Path and query of a local URL are kept. Default
-	// "redis://local".
+	// only then are the faults restart, restart-persist, server-pause,
+	// leader-kill, leader-pause and leader-partition possible. Path and query of a local
+	// URL are kept. Default "redis://local".
 	BackendURL string
 
 	// Name labels the backend in the report. Default: the URL's scheme.
@@ -162,6 +184,15 @@ type Config struct {
 	// returns an ErrInvalidConfig error from its first probe. The report
 	// marks the runs "(FIFO)". Default false.
 	FIFO bool
+
+	// Kind selects what the workers take on the key: KindLock ("lock",
+	// the lock; "" means the same), "permits:N" (one permit of an
+	// N-permit semaphore, N in 1..64), KindRW ("rw": a read-write lock,
+	// one acquisition in four a write hold, the others read holds, which
+	// touch no register) or KindElection ("election": campaign, lead for
+	// the critical section, resign). The backend must support the kind.
+	// Default "" (the lock).
+	Kind string
 
 	// Exe is the argv prefix that starts a worker process, e.g.
 	// {os.Args[0], "verify-worker"}; the coordinator appends the worker's
@@ -253,10 +284,11 @@ type backendURL struct {
 	scheme string
 	local  bool   // host "local": the coordinator starts the servers
 	tail   string // path and query, e.g. "/2?n=5", kept for the workers
-	nodes  int    // local redlock: number of nodes
+	nodes  int    // local redlock, etcd, zk: nodes; redis+sentinel: data nodes
+	netns  bool   // local etcd, zk: one network namespace per member
 }
 
-var localSchemes = []string{"redis", "redlock", "etcd", "zk"}
+var localSchemes = []string{"redis", "redlock", "etcd", "zk", "postgres", "redis+sentinel", "redis+cluster"}
 
 func parseBackendURL(raw string, inProcess bool) (backendURL, error) {
 	scheme, rest, ok := strings.Cut(raw, "://")
@@ -277,8 +309,8 @@ func parseBackendURL(raw string, inProcess bool) (backendURL, error) {
 		}
 		u.local = true
 		u.tail = tail
-		if u.scheme == "redlock" {
-			u.nodes = 3
+		if n, ok := localNodes[u.scheme]; ok {
+			u.nodes = n
 			if i := strings.IndexByte(tail, '?'); i >= 0 {
 				q, err := url.ParseQuery(tail[i+1:])
 				if err != nil {
@@ -295,6 +327,9 @@ func parseBackendURL(raw string, inProcess bool) (backendURL, error) {
 					}
 				}
 			}
+		}
+		if u.scheme == "redis+sentinel" && (u.tail == "" || u.tail[0] == '?') {
+			u.tail = "/" + sentinelMaster + u.tail
 		}
 	}
 	return u, nil
@@ -390,6 +425,9 @@ func (c Config) validate() (validated, error) {
 	default:
 		return v, invalid("unknown resource mode %q (known: %s, %s, %s)", c.ResourceMode, ModeFenced, ModeNaive, ModeBoth)
 	}
+	if v.Kind, err = validKind(c.Kind); err != nil {
+		return v, err
+	}
 	if v.Name == "" {
 		v.Name = v.url.scheme
 	}
@@ -413,10 +451,13 @@ func (c Config) validate() (validated, error) {
 	for _, e := range v.exps {
 		for _, k := range e.kinds {
 			switch k {
-			case FaultRestart, FaultRestartPersist, FaultServerPause:
+			case FaultRestart, FaultRestartPersist, FaultServerPause, FaultLeaderKill, FaultLeaderPause, FaultLeaderPartition:
 				if !v.url.local {
 					return v, invalid("fault %q needs a server the harness starts itself: use %s://local", k, v.url.scheme)
 				}
+			}
+			if err := checkReplicatedFault(&v.url, k); err != nil {
+				return v, err
 			}
 		}
 	}

@@ -308,6 +308,7 @@ func (r *run) spec(worker, inc int, resAddr string, quiet bool) workerSpec {
 		History:  filepath.Join(r.histDir, name+".jsonl"),
 		Quiet:    quiet,
 		FIFO:     r.cfg.FIFO,
+		Kind:     r.cfg.Kind,
 	}
 }
 

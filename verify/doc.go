@@ -41,6 +41,30 @@
 // on standard output ("acq FENCE OWNER", "read", "wrote", "rel"), which is
 // how the injector finds the current holder.
 //
+// # Kinds
+//
+// Config.Kind runs the same loop on the key's other primitives. With
+// "permits:N" every worker takes one permit of an N-permit semaphore
+// (Client.Semaphore) and does the read-modify-write under it; right after
+// each grant it logs the server's listing of the key's holds
+// (dlock.Inspector, OpInspect). With "rw" (Client.RWLock) one acquisition
+// in four is a write hold doing the read-modify-write, the others read
+// holds that touch no register and hold as long. With "election"
+// (Client.Election) every worker campaigns, leads for its
+// read-modify-write and resigns. Each acquisition's Event.Hold names what
+// it took, which is how Check tells the kinds apart; the report labels
+// such rows "[KIND]". The lease-overlap claim (a) becomes the kind's
+// exclusion, on the same conservative intervals: no permit granted while
+// N others were certainly live, and no listing of more than N holds; no
+// read hold overlapping a write hold, no two write holds; no two
+// leaderships. Fence order (b) covers every permit, every leadership and
+// every write hold, whose fence must be above that of every grant
+// completed before it was invoked, readers' included. The registers see
+// only writers; under "permits:N" with N > 1 the fenced register rejects
+// the concurrent holders' superseded claims, as it should, and the naive
+// one is damaged by design. Belief overlap counts conflicting critical
+// sections (for permits, those begun while N others were under way).
+//
 // # Faults
 //
 // See the Fault constants. The schedule — gaps of 1–2 × TTL, the kind of
@@ -50,7 +74,27 @@
 // 2 × TTL for one), the window in which a stopped holder turns stale. The
 // proxy fault routes the workers through an in-process TCP proxy on
 // loopback. restart, restart-persist and server-pause need a local server
-// ("redis://local", "redlock://local", "etcd://local", "zk://local").
+// ("redis://local", "redlock://local", "etcd://local", "zk://local",
+// "postgres://local").
+//
+// Replicated deployments are local servers too: "redis+sentinel://local"
+// (a primary, two replicas, three sentinels), "redis+cluster://local"
+// (three primaries with one replica each), "etcd://local?n=3" (a cluster)
+// and "zk://local?n=3" (an ensemble). leader-kill and leader-pause hit
+// whichever node leads when the fault begins — the primary the sentinels
+// name, the primary of the lock key's slot, the member that reports itself
+// etcd leader, the ZooKeeper server in Mode: leader — for 3–5 × TTL and at
+// least the deployment's failover time, and the window records whether
+// and when another node took over. A Redis node comes back empty, so a
+// lock only it had is lost, and a returning former primary may serve as a
+// second primary until it is demoted: the lease overlaps this causes are
+// what the fault measures. leader-partition runs every etcd or ZooKeeper
+// member in its own network namespace behind a bridge and takes the
+// leader's link down for the same time, cutting it off from the other
+// members and from every worker, then heals the partition. The proxy
+// fault on a cluster puts one proxy in front of every member, which cuts
+// the workers off some members (a partition between clients and servers
+// that heals); members keep talking to each other.
 //
 // # Checks
 //

@@ -37,7 +37,7 @@ type Event struct {
 	Fence      uint64 `json:"fence,omitempty"`     // the lease's fence
 	Owner      string `json:"owner,omitempty"`     // the lease's owner token
 	Err        string `json:"err,omitempty"`       // the error, when there was one
-	Value      int64  `json:"value,omitempty"`     // read: the value read; write: the value written; final: the register; fault: see below
+	Value      int64  `json:"value,omitempty"`     // read: the value read; write: the value written; final: the register; acquire of a permit: the permits; fault: see below
 	Count      int64  `json:"count,omitempty"`     // final: increments in the log; proxy reset: connections reset
 	ExpiresNs  int64  `json:"expiresNs,omitempty"` // acquire, renew: the lease's conservative expiry (dlock.Lease.Expires)
 	Phase      string `json:"phase,omitempty"`     // "quiet" for the final acquisition of each worker
@@ -47,6 +47,7 @@ type Event struct {
 	Detail     string `json:"detail,omitempty"`    // fault: mode and parameters
 	Nodes      int    `json:"nodes,omitempty"`     // server and proxy faults: lock server nodes in the cluster
 	Effective  *bool  `json:"effective,omitempty"` // set by Check on fault events it judged
+	Hold       string `json:"hold,omitempty"`      // acquire of a kind other than the lock: HoldPermit, HoldRead, HoldWrite, HoldLeader
 }
 
 // Operations (Event.Op).

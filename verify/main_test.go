@@ -31,6 +31,8 @@ func TestMain(m *testing.M) {
 // shared memlock (in-process workers only).
 func open(_ context.Context, url string, _ time.Duration) (dlock.Backend, func() error, error) {
 	switch {
+	case strings.HasPrefix(url, "redis+sentinel://"), strings.HasPrefix(url, "redis+cluster://"):
+		return openReplicated(url)
 	case strings.HasPrefix(url, "redis://"):
 		opts, err := redis.ParseURL(url)
 		if err != nil {

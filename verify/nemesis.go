@@ -55,6 +55,8 @@ func (s *schedule) next() plan {
 	case FaultRestart, FaultRestartPersist:
 		p.length = s.factor(0.1, 1.5)
 		p.node = s.rng.IntN(s.nodes)
+	case FaultLeaderKill, FaultLeaderPause, FaultLeaderPartition:
+		p.length = s.factor(3, 5)
 	case FaultProxy:
 		p.mode = s.rng.IntN(len(proxyModes))
 		switch p.mode {
@@ -186,6 +188,8 @@ func (r *run) inject(ctx context.Context, p plan, resAddr string) error {
 		return r.pauseServer(ctx, p)
 	case FaultProxy:
 		r.proxyFault(ctx, p)
+	case FaultLeaderKill, FaultLeaderPause, FaultLeaderPartition:
+		return r.leaderFault(ctx, p)
 	}
 	return nil
 }
@@ -243,7 +247,7 @@ func (r *run) killHolder(ctx context.Context, p plan, resAddr string) error {
 // p.length, with or without its data.
 func (r *run) restartServer(ctx context.Context, p plan) error {
 	n := r.servers.nodes[p.node]
-	addr := r.servers.addrs[p.node]
+	addr := r.servers.nodeAddr(p.node)
 	h := r.currentHolder()
 	start := monoNow()
 	if err := n.Kill(); err != nil {
@@ -254,7 +258,7 @@ func (r *run) restartServer(ctx context.Context, p plan) error {
 		return fmt.Errorf("verify: restart lock server %s: %w", addr, err)
 	}
 	persist := "without"
-	if p.kind == FaultRestartPersist || r.cfg.url.scheme == "etcd" || r.cfg.url.scheme == "zk" {
+	if p.kind == FaultRestartPersist || r.cfg.url.scheme == "etcd" || r.cfg.url.scheme == "zk" || r.cfg.url.scheme == "postgres" {
 		persist = "with"
 	}
 	r.window(Event{Op: p.kind, InvokeNs: start, Outcome: OutcomeOK, Target: "server " + addr, Owner: h.owner, Fence: h.fence,
@@ -266,7 +270,7 @@ func (r *run) restartServer(ctx context.Context, p plan) error {
 // pauseServer stops lock server node p.node (SIGSTOP) for p.length.
 func (r *run) pauseServer(ctx context.Context, p plan) error {
 	n := r.servers.nodes[p.node]
-	addr := r.servers.addrs[p.node]
+	addr := r.servers.nodeAddr(p.node)
 	h := r.currentHolder()
 	start := monoNow()
 	if err := n.Pause(); err != nil {

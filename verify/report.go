@@ -32,7 +32,7 @@ func (r *RunResult) Verdict() string { return r.Findings.Verdict() }
 
 // Label is the backend's name as the report shows it: Backend, with
 // " (FIFO)" appended for a run whose workers acquired with dlock.WithFIFO().
-func (r *RunResult) Label() string { return label(r.Backend, r.FIFO) }
+func (r *RunResult) Label() string { return kindLabel(label(r.Backend, r.FIFO), r.Findings.kind()) }
 
 func label(backend string, fifo bool) string {
 	if fifo {
@@ -44,7 +44,8 @@ func label(backend string, fifo bool) string {
 // Row sums up the runs of one backend × experiment.
 type Row struct {
 	Backend, Fault string
-	FIFO           bool // the runs acquired with dlock.WithFIFO()
+	FIFO           bool   // the runs acquired with dlock.WithFIFO()
+	Kind           string // HoldFindings.Kind of the runs, "" for the lock
 	Runs           int
 	Seconds        float64 // total fault-phase time
 	Grants         int
@@ -183,15 +184,16 @@ func (r *Report) Rows() []Row {
 	type rowKey struct {
 		backend, fault string
 		fifo           bool
+		kind           string
 	}
 	index := map[rowKey]int{}
 	for _, run := range r.Runs {
-		k := rowKey{run.Backend, run.Fault, run.FIFO}
+		k := rowKey{run.Backend, run.Fault, run.FIFO, run.Findings.kind()}
 		i, ok := index[k]
 		if !ok {
 			i = len(rows)
 			index[k] = i
-			rows = append(rows, Row{Backend: run.Backend, Fault: run.Fault, FIFO: run.FIFO})
+			rows = append(rows, Row{Backend: run.Backend, Fault: run.Fault, FIFO: run.FIFO, Kind: k.kind})
 			lat = append(lat, nil)
 		}
 		row := &rows[i]
@@ -200,6 +202,9 @@ func (r *Report) Rows() []Row {
 		row.Seconds += run.Duration.Seconds()
 		row.Grants += f.Grants
 		row.LeaseOverlaps += len(f.LeaseOverlaps)
+		if f.Hold != nil {
+			row.LeaseOverlaps += f.Hold.ServerExcess
+		}
 		row.FenceRegress += len(f.FenceRegressions)
 		if x := f.Fenced; x != nil {
 			row.FencedStaleAccepted += x.StaleAccepted
@@ -275,7 +280,7 @@ func (row Row) cells() []string {
 		verdict += fmt.Sprintf(" (%d failed, %d invalid)", row.Failed, row.Invalid)
 	}
 	return []string{
-		label(row.Backend, row.FIFO), row.Fault, fmt.Sprint(row.Runs), fmt.Sprintf("%.0f", row.Seconds), fmt.Sprint(row.Grants),
+		kindLabel(label(row.Backend, row.FIFO), row.Kind), row.Fault, fmt.Sprint(row.Runs), fmt.Sprintf("%.0f", row.Seconds), fmt.Sprint(row.Grants),
 		fmt.Sprint(row.LeaseOverlaps), fmt.Sprint(row.FenceRegress),
 		fmt.Sprintf("%d/%d", row.FencedStaleAccepted, row.FencedStaleRejected), fmt.Sprint(row.FencedLost),
 		fmt.Sprint(row.NaiveStaleAccepted), fmt.Sprint(row.NaiveLost), rate,
@@ -310,6 +315,9 @@ func (r *Report) Markdown() string {
 		b.WriteString("| " + strings.Join(row.cells(), " | ") + " |\n")
 	}
 	b.WriteString(legend)
+	if slices.ContainsFunc(r.Runs, func(run *RunResult) bool { return run.Findings.kind() != "" }) {
+		b.WriteString(kindLegend)
+	}
 	b.WriteString(r.problems(true))
 	b.WriteString("\n### Runs\n\n")
 	for _, run := range r.Runs {

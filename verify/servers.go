@@ -1,6 +1,7 @@
 package verify
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -25,10 +26,19 @@ type lockServers struct {
 	nodes []serverNode
 	addrs []string
 	url   string // the URL workers use without the proxy
+	// Replicated deployments only (replicated.go); nil or empty otherwise.
+	nodeAddrs []string                                           // per node, when addrs name other processes (sentinels)
+	leader    func(ctx context.Context, key string) (int, error) // index of the node leading for key
+	stopAll   func() error                                       // stops every process, nodes or not
+	failover  time.Duration                                      // a leader fault lasts at least this long
+	partition func(i int, cut bool) error                        // cuts node i off (true) or heals it
 }
 
 // startServers starts the servers a local URL names.
 func startServers(u backendURL, persist bool, ttl time.Duration) (*lockServers, error) {
+	if replicated(u) {
+		return startReplicated(u, ttl)
+	}
 	s := &lockServers{}
 	switch u.scheme {
 	case "redis":
@@ -62,6 +72,8 @@ func startServers(u backendURL, persist bool, ttl time.Duration) (*lockServers, 
 			return nil, fmt.Errorf("verify: start ZooKeeper: %w", err)
 		}
 		s.nodes, s.addrs = []serverNode{z}, []string{z.Addr()}
+	case "postgres":
+		return startPostgres(u)
 	default:
 		return nil, invalid("cannot start %s servers", u.scheme)
 	}
@@ -74,6 +86,9 @@ func (s *lockServers) stop() error {
 	if s == nil {
 		return nil
 	}
+	if s.stopAll != nil {
+		return s.stopAll()
+	}
 	var errs []error
 	for _, n := range s.nodes {
 		errs = append(errs, n.Stop())
@@ -83,7 +98,7 @@ func (s *lockServers) stop() error {
 
 // defaultPorts are the ports assumed for hosts given without one when a
 // proxy must be put in front of them.
-var defaultPorts = map[string]int{"redis": 6379, "rediss": 6379, "redlock": 6379, "etcd": 2379, "zk": 2181}
+var defaultPorts = map[string]int{"redis": 6379, "rediss": 6379, "redlock": 6379, "etcd": 2379, "zk": 2181, "postgres": 5432}
 
 // upstreams returns the host:port list of an external URL, for the proxy.
 func upstreams(raw, scheme string) ([]string, error) {

@@ -29,9 +29,10 @@ type workerSpec struct {
 	Mode     string        `json:"mode"`     // ModeFenced, ModeNaive, ModeBoth
 	TTL      time.Duration `json:"ttl"`
 	Seed     uint64        `json:"seed"`
-	History  string        `json:"history"` // path of the history file
-	Quiet    bool          `json:"quiet"`   // start in the quiet phase
-	FIFO     bool          `json:"fifo"`    // acquire with dlock.WithFIFO()
+	History  string        `json:"history"`        // path of the history file
+	Quiet    bool          `json:"quiet"`          // start in the quiet phase
+	FIFO     bool          `json:"fifo"`           // acquire with dlock.WithFIFO()
+	Kind     string        `json:"kind,omitempty"` // Config.Kind; "" is KindLock
 }
 
 // Timing of a worker's loop, as fractions of the TTL. The critical section
@@ -188,6 +189,7 @@ type worker struct {
 	obs           observer
 	opts          []dlock.Option // of every Acquire
 	fenced, naive bool
+	kind          *kindState // the primitive of a kind other than KindLock
 }
 
 // quietPhase acquires until one acquisition succeeds or the quiet timeout
@@ -246,6 +248,9 @@ func (w *worker) iterate(ctx context.Context, phase string) bool {
 		sleep(ctx, w.between(w.spec.TTL/20, w.spec.TTL/5))
 		return false
 	}
+	if w.kindCycle(ctx, l, phase) {
+		return true
+	}
 	// The read-modify-write. It deliberately does not check the lease
 	// before writing: a check narrows the window but cannot close it (the
 	// process can stop right after the check), and the harness measures
@@ -265,8 +270,9 @@ func (w *worker) iterate(ctx context.Context, phase string) bool {
 func (w *worker) acquire(ctx context.Context, phase string) (*dlock.Lease, bool) {
 	actx, cancel := context.WithTimeout(ctx, acquireTimeout(w.spec.TTL))
 	e := w.begin(OpAcquire, w.spec.Key, 0, "", phase)
-	l, err := w.client.Acquire(actx, w.spec.Key, w.opts...)
+	l, hold, err := w.take(actx)
 	cancel()
+	e.Hold, e.Value = hold, w.permits()
 	if err != nil {
 		outcome := OutcomeInfo
 		if errors.Is(err, dlock.ErrNotAcquired) {

@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/redislock"
 	"github.com/dlock-go/dlock/verify"
 )
 
@@ -20,9 +22,16 @@ import (
 // paused or killed holder's lock past the TTL the faults are scaled to.
 func openURL(timeout time.Duration) verify.OpenFunc {
 	return func(ctx context.Context, url string, ttl time.Duration) (dlock.Backend, func() error, error) {
+		url, replicas, err := cutReplicas(url)
+		if err != nil {
+			return nil, nil, err
+		}
 		spec, err := parseBackendURL(url)
 		if err != nil {
 			return nil, nil, err
+		}
+		if replicas > 0 {
+			return openReplicated(ctx, spec, timeout, ttl, replicas)
 		}
 		c, err := openBackend(ctx, spec, timeout, ttl)
 		if err != nil {
@@ -30,6 +39,60 @@ func openURL(timeout time.Duration) verify.OpenFunc {
 		}
 		return c.backend, c.Close, nil
 	}
+}
+
+// replicasParam is the query parameter of a Redis backend URL given to
+// verify ("redis+sentinel://local?replicas=2") that makes the workers
+// acquire with redislock.WithReplicas(N, …).
+const replicasParam = "replicas"
+
+// cutReplicas removes the replicas parameter from url and returns its
+// value, 0 when absent.
+func cutReplicas(url string) (string, int, error) {
+	base, query, ok := strings.Cut(url, "?")
+	if !ok {
+		return url, 0, nil
+	}
+	n := 0
+	var keep []string
+	for _, kv := range strings.Split(query, "&") {
+		k, v, _ := strings.Cut(kv, "=")
+		if k != replicasParam {
+			keep = append(keep, kv)
+			continue
+		}
+		var err error
+		if n, err = strconv.Atoi(v); err != nil || n < 1 {
+			return "", 0, usageErrorf("invalid backend URL %q: %s=%s is not a replica count ≥ 1", verify.RedactURL(url), replicasParam, v)
+		}
+	}
+	if len(keep) > 0 {
+		base += "?" + strings.Join(keep, "&")
+	}
+	return base, n, nil
+}
+
+// openReplicated opens a redislock backend whose acquisitions wait for n
+// replicas (redislock.WithReplicas), with a WAIT timeout of a quarter of
+// the TTL (at most half the client timeout, below its read timeout).
+func openReplicated(ctx context.Context, spec *backendSpec, timeout, ttl time.Duration, n int) (dlock.Backend, func() error, error) {
+	if !strings.HasPrefix(spec.scheme, "redis") {
+		return nil, nil, usageErrorf("invalid backend URL %q: %s= needs a Redis backend", spec.redacted(), replicasParam)
+	}
+	rdb, err := newRedisClient(spec, timeout)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := pingRedis(ctx, rdb, timeout); err != nil {
+		_ = rdb.Close()
+		return nil, nil, exitWith(exitFailure, unavailable(spec.scheme, strings.Join(spec.hosts, ","), timeout, err))
+	}
+	b := redislock.New(rdb, redislock.WithReplicas(n, min(ttl/4, timeout/2)))
+	if err := b.Err(); err != nil {
+		_ = rdb.Close()
+		return nil, nil, usageErrorf("invalid backend URL %q: %v", spec.redacted(), err)
+	}
+	return b, rdb.Close, nil
 }
 
 func newVerifyCmd(g *globals) *cobra.Command {
@@ -43,12 +106,27 @@ naive register in a separate redis-server, injects faults, and checks the histor
 overlap on the server, fence order, stale writes accepted by the fenced register (must be 0),
 lost updates, linearizability (porcupine; HTML timelines in --out) and liveness.
 
---backend with the host "local" (redis://local, redlock://local, etcd://local, zk://local)
-starts throwaway servers; the restart, server-pause and proxy faults need that.
+--backend with the host "local" (redis://local, redlock://local, etcd://local, zk://local,
+postgres://local, postgres://local?mode=session) starts throwaway servers; the restart,
+server-pause and proxy faults need that.
+
+Replicated deployments: redis+sentinel://local (a primary, two replicas, three sentinels;
+"?n=2" for one replica), redis+cluster://local (3 primaries × 1 replica), etcd://local?n=3 and
+zk://local?n=3 (a cluster and an ensemble of 3). The leader-kill and leader-pause faults hit the
+current primary (of the lock's slot) or leader; leader-partition (etcd, zk; Linux, root) cuts the
+leader off from the other members and the workers, each member in its own network namespace,
+and heals it. "?replicas=N" on a Redis URL makes the workers acquire with
+redislock.WithReplicas(N, TTL/4).
 
 --fifo makes every worker acquire with dlock.WithFIFO(): redislock then queues waiters on the
 server and a release hands the lock to the next one; etcd and ZooKeeper always queue; redlock has
 no queue and is refused. The report marks such rows "(FIFO)".
+
+--kind selects what the workers take: lock (the default), permits:N (one permit of an N-permit
+semaphore; at most N holds at once, in the histories and in the server's view), rw (a read-write
+lock: one acquisition in 4 a write hold doing the read-modify-write, the others read holds that
+touch no register; no read hold may overlap a write hold) or election (campaign, lead for the
+read-modify-write, resign; no two leaderships may overlap). The report marks such rows "[KIND]".
 
 Faults: ` + strings.Join(verify.FaultNames(), ", ") + ` ("a+b" mixes two in one run).
 Exit status: 0 when every run passed, 1 when a run failed or was invalid, 2 on bad input.`,
@@ -93,6 +171,7 @@ Exit status: 0 when every run passed, 1 when a run failed or was invalid, 2 on b
 	f.StringVar(&cfg.Name, "name", cfg.Name, "backend name in the report")
 	f.StringVar(&cfg.ResourceMode, "resource", cfg.ResourceMode, "register to check: fenced, naive or both")
 	f.BoolVar(&cfg.FIFO, "fifo", cfg.FIFO, "workers acquire in FIFO mode (dlock.WithFIFO: server-side queue, hand-off on release); redlock refuses it")
+	f.StringVar(&cfg.Kind, "kind", "lock", "what workers take: lock, permits:N (semaphore), rw (read-write lock) or election")
 	return cmd
 }
 

@@ -42,6 +42,21 @@
 // parent that is killed without stopping them. Pause and Resume are not
 // supported on Windows.
 //
+// # Topologies
+//
+// Besides single servers: [StartSentinel] and [StartReplicatedSentinel]
+// (a primary, replicas and three sentinels), [StartCluster] and
+// [StartReplicatedCluster] (Redis Cluster without and with replicas),
+// [StartEtcdCluster] and [StartZooKeeperEnsemble]. Each returns once the
+// deployment can fail over (replicas in sync, sentinels agreeing on a
+// quorum, a leader elected) and names its current primary or leader, so a
+// test can kill or pause that one. [StartPartitionableEtcdCluster] and
+// [StartPartitionableZooKeeperEnsemble] run each member in its own network
+// namespace behind a bridge, so a member can be cut off from the others and
+// from every client and reconnected (Partition, Heal); they need Linux,
+// root and the ip command, and fail with an error matching [ErrNoNetNS]
+// otherwise.
+//
 // # Ports
 //
 // A port of 0 means "pick a free loopback port": the package listens on

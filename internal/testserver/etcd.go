@@ -22,7 +22,7 @@ import (
 // single member on free loopback ports. It has room for later options.
 type EtcdOptions struct {
 	// StartTimeout bounds the wait for GET /health to report true, at start
-	// and at every Restart. 0 means DefaultStartTimeout (20 s).
+	// and at every Restart. 0 means DefaultStartTimeout (60 s).
 	StartTimeout time.Duration
 }
 
@@ -33,6 +33,7 @@ type EtcdOptions struct {
 //
 // Its methods are safe for concurrent use.
 type Etcd struct {
+	host       string // listen address; "" is 127.0.0.1 (see ip)
 	name       string // member name
 	clientPort int
 	peerPort   int
@@ -231,16 +232,25 @@ func etcdHealthy(clientURL string) error {
 // Endpoints returns the member's client address as a one-element slice of
 // "127.0.0.1:PORT", as clientv3.Config.Endpoints wants it.
 func (e *Etcd) Endpoints() []string {
-	return []string{net.JoinHostPort("127.0.0.1", strconv.Itoa(e.clientPort))}
+	return []string{net.JoinHostPort(e.ip(), strconv.Itoa(e.clientPort))}
 }
 
 // ClientURL returns the member's client URL, "http://127.0.0.1:PORT".
 func (e *Etcd) ClientURL() string {
-	return "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(e.clientPort))
+	return "http://" + net.JoinHostPort(e.ip(), strconv.Itoa(e.clientPort))
 }
 
 func (e *Etcd) peerURL() string {
-	return "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(e.peerPort))
+	return "http://" + net.JoinHostPort(e.ip(), strconv.Itoa(e.peerPort))
+}
+
+// ip returns the member's listen address: 127.0.0.1, or its network
+// namespace's address (topology_netns.go).
+func (e *Etcd) ip() string {
+	if e.host == "" {
+		return "127.0.0.1"
+	}
+	return e.host
 }
 
 // Name returns the member name ("m0", "m1", ...).

@@ -31,7 +31,7 @@ type RedisOptions struct {
 	Args []string
 
 	// StartTimeout bounds the wait for the server to answer PING, at start
-	// and at every Restart. 0 means DefaultStartTimeout (20 s).
+	// and at every Restart. 0 means DefaultStartTimeout (60 s).
 	StartTimeout time.Duration
 }
 

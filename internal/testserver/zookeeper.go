@@ -32,7 +32,7 @@ type ZooKeeperOptions struct {
 
 	// StartTimeout bounds the wait for the server to accept a session, at
 	// start and at every Restart (JVM startup takes a few seconds). 0 means
-	// DefaultStartTimeout (20 s).
+	// DefaultStartTimeout (60 s).
 	StartTimeout time.Duration
 }
 
@@ -45,6 +45,7 @@ type ZooKeeperOptions struct {
 //
 // Its methods are safe for concurrent use.
 type ZooKeeper struct {
+	host     string // listen address; "" is 127.0.0.1
 	port     int
 	tickTime time.Duration
 	srv      *server
@@ -318,7 +319,11 @@ func readZKFrame(r io.Reader) ([]byte, error) {
 
 // Addr returns the client address, "127.0.0.1:PORT".
 func (z *ZooKeeper) Addr() string {
-	return net.JoinHostPort("127.0.0.1", strconv.Itoa(z.port))
+	host := z.host
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	return net.JoinHostPort(host, strconv.Itoa(z.port))
 }
 
 // TickTime returns the server's tickTime; sessions are clamped to 2–20 ×

@@ -1,0 +1,218 @@
+//go:build linux
+
+package testserver_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock/internal/testserver"
+)
+
+// A Sentinel deployment with two replicas starts, names its primary, and
+// fails over to a replica once the primary is killed.
+func TestReplicatedSentinelFailover(t *testing.T) {
+	s, err := testserver.StartReplicatedSentinel(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Stop() })
+	if got := len(s.Nodes()); got != 3 {
+		t.Fatalf("got %d data nodes, want 3", got)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	p, err := s.Primary(ctx)
+	if err != nil || p != 0 {
+		t.Fatalf("Primary: got %d, %v, want 0, nil", p, err)
+	}
+	if err := s.Nodes()[0].Kill(); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		p, err = s.Primary(ctx)
+		if err == nil && p != 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("no failover: primary %d, %v", p, err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	if v, err := s.Nodes()[p].Do(ctx, "SET", "k", "v"); err != nil || v != "OK" {
+		t.Errorf("SET on the new primary: got %v, %v, want OK", v, err)
+	}
+}
+
+// A ZooKeeper ensemble of three elects one leader; killing it makes another
+// member the leader.
+func TestZooKeeperEnsembleLeader(t *testing.T) {
+	e, err := testserver.StartZooKeeperEnsemble(3, testserver.ZooKeeperOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Stop() })
+	if got := len(e.Addrs()); got != 3 {
+		t.Fatalf("got %d addresses, want 3", got)
+	}
+	l, err := e.Leader()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Servers()[l].Kill(); err != nil {
+		t.Fatal(err)
+	}
+	// An election under load may outlast one Leader call's own wait.
+	within(t, 30*time.Second, "another leader", func() error {
+		l2, err := e.Leader()
+		if err != nil {
+			return err
+		}
+		if l2 == l {
+			return fmt.Errorf("got leader %d after killing it, want another member", l2)
+		}
+		return nil
+	})
+	if err := e.Servers()[l].Restart(); err != nil {
+		t.Errorf("restart the old leader: %v", err)
+	}
+}
+
+// A partitionable etcd cluster: cutting the leader off makes the others
+// elect a new leader, and healing lets the old one answer again.
+func TestPartitionableEtcdCluster(t *testing.T) {
+	if err := testserver.NetNSAvailable(); err != nil {
+		t.Skip(err)
+	}
+	c, err := testserver.StartPartitionableEtcdCluster(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := c.Stop(); err != nil {
+			t.Error(err)
+		}
+	})
+	l, err := c.Leader()
+	if err != nil {
+		t.Fatal(err)
+	}
+	idx := slices.Index(c.Members(), l)
+	if err := c.Partition(idx); err != nil {
+		t.Fatal(err)
+	}
+	within(t, 20*time.Second, "a new leader", func() error {
+		l2, err := c.Leader()
+		if err != nil {
+			return err
+		}
+		if l2 == l {
+			return fmt.Errorf("leader is still %s", l.Name())
+		}
+		return nil
+	})
+	if err := c.Heal(idx); err != nil {
+		t.Fatal(err)
+	}
+	within(t, 20*time.Second, "the healed member to answer", func() error {
+		return etcdHealthOK(l.ClientURL())
+	})
+}
+
+// etcdHealth returns nil if GET /health on url answers 200.
+func etcdHealthOK(url string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url+"/health", nil)
+	if err != nil {
+		return err
+	}
+	c := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := c.Do(req)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET /health: %s", resp.Status)
+	}
+	return nil
+}
+
+// A partitionable ZooKeeper ensemble elects a new leader when the old one
+// is cut off.
+func TestPartitionableZooKeeperEnsemble(t *testing.T) {
+	if err := testserver.NetNSAvailable(); err != nil {
+		t.Skip(err)
+	}
+	e, err := testserver.StartPartitionableZooKeeperEnsemble(3, testserver.ZooKeeperOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := e.Stop(); err != nil {
+			t.Error(err)
+		}
+	})
+	l, err := e.Leader()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Partition(l); err != nil {
+		t.Fatal(err)
+	}
+	within(t, 20*time.Second, "a new leader", func() error {
+		l2, err := e.Leader()
+		if err != nil {
+			return err
+		}
+		if l2 == l {
+			return fmt.Errorf("leader is still server %d", l+1)
+		}
+		return nil
+	})
+	if err := e.Heal(l); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A Redis Cluster of 3 primaries × 1 replica fails the slot of a key over
+// to the replica when its primary is killed.
+func TestReplicatedClusterFailover(t *testing.T) {
+	c, err := testserver.StartReplicatedCluster(3, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Stop() })
+	if got := len(c.Addrs()); got != 6 {
+		t.Fatalf("got %d nodes, want 6", got)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const key = "order:1001"
+	p, err := c.PrimaryFor(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p >= 3 {
+		t.Fatalf("got primary %d for %q, want one of the first three", p, key)
+	}
+	if err := c.Nodes()[p].Kill(); err != nil {
+		t.Fatal(err)
+	}
+	within(t, 25*time.Second, "a failover of the key's slot", func() error {
+		p2, err := c.PrimaryFor(ctx, key)
+		if err != nil {
+			return err
+		}
+		if p2 == p {
+			return fmt.Errorf("slot still served by node %d", p)
+		}
+		return nil
+	})
+}
