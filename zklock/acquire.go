@@ -173,6 +173,25 @@ func (b *Backend) abandon(path string) {
 	}
 }
 
+// settleCreate undoes a create whose ctx ended while it was in flight:
+// it awaits the outcome for at most abandonTimeout and deletes the node
+// made, or leaves the rest to reapCreate in the background.
+func (b *Backend) settleCreate(pending <-chan result[created], keyPath, guid string) {
+	t := time.NewTimer(abandonTimeout)
+	defer t.Stop()
+	select {
+	case r := <-pending:
+		switch {
+		case r.err == nil:
+			b.abandon(r.v.path)
+		case transient(r.err):
+			b.reapCreate(nil, keyPath, guid) // made or not: found by its guid
+		}
+	case <-t.C:
+		b.reapCreate(pending, keyPath, guid)
+	}
+}
+
 // created is a lock node made by create: its path, and its czxid when
 // the create reported it (0 otherwise).
 type created struct {
@@ -186,8 +205,10 @@ type created struct {
 // When the reply of a create is lost with the connection, the node may
 // exist: it is looked up by its guid prefix (recoverCreate) before
 // creating again, so a lost reply never leaves an orphan in the queue.
-// When ctx ends while a create is in flight, its outcome is awaited in the
-// background and a node it made is deleted.
+// When ctx ends while a create is in flight, its outcome is awaited (at
+// most abandonTimeout, then in the background) and a node it made is
+// deleted before create returns, so that a cancelled acquisition leaves
+// nothing in the queue.
 func (b *Backend) create(ctx context.Context, keyPath, guid, name string, data []byte) (created, error) {
 	prefix := keyPath + "/" + name
 	var lastErr error
@@ -196,7 +217,7 @@ func (b *Backend) create(ctx context.Context, keyPath, guid, name string, data [
 			return b.createOnce(prefix, keyPath, data)
 		})
 		if pending != nil {
-			b.reapCreate(pending, keyPath, guid)
+			b.settleCreate(pending, keyPath, guid)
 			return created{}, err
 		}
 		switch {
