@@ -615,9 +615,26 @@ func (c *Client) releaseAt(r Request, t time.Time, timeout time.Duration, stop f
 		// Close for the release timeout.
 		ctx, cancel := context.WithTimeout(c.closeCtx, timeout)
 		defer cancel()
-		_ = c.b.Release(ctx, r)
+		c.untilClose(func() { _ = c.b.Release(ctx, r) })
 	})
 	c.pending[tm] = struct{}{}
+}
+
+// untilClose runs f, a backend call bounded by a context derived from
+// closeCtx, and returns when f does or when Close begins, whichever is
+// first: a backend call that observes its context's deadline but not its
+// cancellation (a Redis client with context timeouts) must not hold Close
+// until that deadline. f then finishes on its own goroutine.
+func (c *Client) untilClose(f func()) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f()
+	}()
+	select {
+	case <-done:
+	case <-c.closing:
+	}
 }
 
 // limitHold starts the timer of WithMaxHold.

@@ -371,7 +371,7 @@ func (l *Lease) hitMaxHold() {
 	defer c.batches.Done()
 	ctx, cancel := context.WithTimeout(c.closeCtx, l.releaseTimeout)
 	defer cancel()
-	_ = l.c.b.Release(ctx, l.request())
+	c.untilClose(func() { _ = l.c.b.Release(ctx, l.request()) })
 }
 
 // keepLossWatch takes l's loss registration (LossNotifier) out of l, so
