@@ -37,29 +37,7 @@ func StartCluster() (*Cluster, error) {
 }
 
 func (c *Cluster) start() error {
-	errs := make([]error, len(c.nodes))
-	var wg sync.WaitGroup
-	for i := range c.nodes {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			c.nodes[i], errs[i] = startRedis(redisSpec{
-				kind:    "cluster",
-				busPort: true,
-				timeout: DefaultStartTimeout,
-				args: func(dir string, port, bus int) ([]string, error) {
-					return append(redisBaseArgs(dir, port, false),
-						"--cluster-enabled", "yes",
-						"--cluster-config-file", "nodes.conf",
-						"--cluster-port", strconv.Itoa(bus),
-						"--cluster-node-timeout", strconv.Itoa(int(clusterNodeTimeout/time.Millisecond)),
-					), nil
-				},
-			})
-		}()
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	if err := startClusterNodes(c.nodes); err != nil {
 		return err
 	}
 
@@ -139,4 +117,33 @@ func (c *Cluster) Stop() error {
 		return nil
 	}
 	return StopAll(c.nodes...)
+}
+
+// startClusterNodes starts a cluster-enabled redis-server for each slot of
+// nodes, at once; nodes started are kept there even when another fails, so
+// that the caller's Stop stops them.
+func startClusterNodes(nodes []*Redis) error {
+	errs := make([]error, len(nodes))
+	var wg sync.WaitGroup
+	for i := range nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			nodes[i], errs[i] = startRedis(redisSpec{
+				kind:    "cluster",
+				busPort: true,
+				timeout: DefaultStartTimeout,
+				args: func(dir string, port, bus int) ([]string, error) {
+					return append(redisBaseArgs(dir, port, false),
+						"--cluster-enabled", "yes",
+						"--cluster-config-file", "nodes.conf",
+						"--cluster-port", strconv.Itoa(bus),
+						"--cluster-node-timeout", strconv.Itoa(int(clusterNodeTimeout/time.Millisecond)),
+					), nil
+				},
+			})
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"strconv"
-	"sync"
 	"time"
 )
 
@@ -41,29 +40,7 @@ func StartReplicatedCluster(primaries, replicas int) (*ReplicatedCluster, error)
 }
 
 func (c *ReplicatedCluster) start() error {
-	errs := make([]error, len(c.nodes))
-	var wg sync.WaitGroup
-	for i := range c.nodes {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			c.nodes[i], errs[i] = startRedis(redisSpec{
-				kind:    "cluster",
-				busPort: true,
-				timeout: DefaultStartTimeout,
-				args: func(dir string, port, bus int) ([]string, error) {
-					return append(redisBaseArgs(dir, port, false),
-						"--cluster-enabled", "yes",
-						"--cluster-config-file", "nodes.conf",
-						"--cluster-port", strconv.Itoa(bus),
-						"--cluster-node-timeout", strconv.Itoa(int(clusterNodeTimeout/time.Millisecond)),
-					), nil
-				},
-			})
-		}()
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	if err := startClusterNodes(c.nodes); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*DefaultStartTimeout)
