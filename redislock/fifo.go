@@ -59,14 +59,7 @@ func (b *Backend) waitLock(ctx context.Context, r dlock.Request) (dlock.Grant, e
 		// server's errors.
 	}
 	lock := b.lockName(r.Key)
-	q := &queued{
-		b:      b,
-		r:      r,
-		keys:   lockKeys(lock),
-		member: b.id + r.Token,
-		route:  strconv.Itoa(len(lock)) + ":" + lock + r.Token,
-		seq:    "0",
-	}
+	q := b.newQueued(r, lock, lockKeys(lock))
 	w := b.hub.route(q.route)
 	defer b.hub.unroute(q.route, w)
 
@@ -128,6 +121,18 @@ type queued struct {
 	// heartbeat deadline it set (server ms), 0 before the first.
 	sent     time.Time
 	deadline int64
+}
+
+// newQueued returns the queue wait of r on lock, whose scripts take keys.
+func (b *Backend) newQueued(r dlock.Request, lock string, keys []string) *queued {
+	return &queued{
+		b:      b,
+		r:      r,
+		keys:   keys,
+		member: b.id + r.Token,
+		route:  strconv.Itoa(len(lock)) + ":" + lock + r.Token,
+		seq:    "0",
+	}
 }
 
 // handed returns the grant a hand-off message gives this waiter at once,

@@ -32,14 +32,7 @@ func (b *Backend) waitPermit(ctx context.Context, r dlock.Request) (dlock.Grant,
 	}
 	lock := b.lockName(r.Key)
 	keys := sharedKeys(lock)
-	pw := &permitWaiter{queued: queued{
-		b:      b,
-		r:      r,
-		keys:   []string{lock, keys[1], keys[4]},
-		member: b.id + r.Token,
-		route:  strconv.Itoa(len(lock)) + ":" + lock + r.Token,
-		seq:    "0",
-	}}
+	pw := &permitWaiter{queued: *b.newQueued(r, lock, []string{lock, keys[1], keys[4]})}
 	w := b.hub.route(pw.route)
 	defer b.hub.unroute(pw.route, w)
 
