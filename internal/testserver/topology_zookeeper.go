@@ -159,23 +159,9 @@ admin.enableServer=false
 	z := &ZooKeeper{host: host, port: port, tickTime: tick}
 	addr := z.Addr()
 	z.srv = &server{
-		name: fmt.Sprintf("zookeeper %s (server.%d)", addr, id),
-		bin:  java,
-		args: []string{
-			"-Xmx192m",
-			"-XX:+UseSerialGC",
-			"-XX:-UsePerfData",
-			"-Djava.awt.headless=true",
-			"-Djava.net.preferIPv4Stack=true",
-			"-Dzookeeper.log.dir=" + dir,
-			"-Dzookeeper.root.logger=INFO,CONSOLE",
-			"-Dlog4j.configuration=file:" + filepath.Join(dir, "log4j.properties"),
-			"-Dlogback.configurationFile=" + filepath.Join(dir, "logback.xml"),
-			"-Dzookeeper.jmx.log4j.disable=true",
-			"-cp", classpath,
-			"org.apache.zookeeper.server.quorum.QuorumPeerMain",
-			cfgPath,
-		},
+		name:    fmt.Sprintf("zookeeper %s (server.%d)", addr, id),
+		bin:     java,
+		args:    zkArgs("192m", dir, classpath, cfgPath),
 		dir:     dir,
 		logPath: filepath.Join(dir, "zookeeper.log"),
 		timeout: timeout,

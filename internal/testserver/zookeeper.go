@@ -129,23 +129,9 @@ admin.enableServer=false
 	z := &ZooKeeper{port: port, tickTime: tick}
 	addr := z.Addr()
 	z.srv = &server{
-		name: "zookeeper " + addr,
-		bin:  java,
-		args: []string{
-			"-Xmx256m",
-			"-XX:+UseSerialGC",
-			"-XX:-UsePerfData", // no hsperfdata files in /tmp
-			"-Djava.awt.headless=true",
-			"-Djava.net.preferIPv4Stack=true",
-			"-Dzookeeper.log.dir=" + dir,
-			"-Dzookeeper.root.logger=INFO,CONSOLE",
-			"-Dlog4j.configuration=file:" + filepath.Join(dir, "log4j.properties"),
-			"-Dlogback.configurationFile=" + filepath.Join(dir, "logback.xml"),
-			"-Dzookeeper.jmx.log4j.disable=true",
-			"-cp", classpath,
-			"org.apache.zookeeper.server.quorum.QuorumPeerMain",
-			cfgPath,
-		},
+		name:    "zookeeper " + addr,
+		bin:     java,
+		args:    zkArgs("256m", dir, classpath, cfgPath),
 		dir:     dir,
 		logPath: filepath.Join(dir, "zookeeper.log"),
 		timeout: timeout,
@@ -370,3 +356,23 @@ func (z *ZooKeeper) Pause() error { return z.srv.pause() }
 // Resume continues a paused JVM with SIGCONT. It fails if the server is not
 // running.
 func (z *ZooKeeper) Resume() error { return z.srv.resume() }
+
+// zkArgs returns java's arguments for a ZooKeeper server with heap limit
+// heap, logging to dir, reading its configuration from cfgPath.
+func zkArgs(heap, dir, classpath, cfgPath string) []string {
+	return []string{
+		"-Xmx" + heap,
+		"-XX:+UseSerialGC",
+		"-XX:-UsePerfData", // no hsperfdata files in /tmp
+		"-Djava.awt.headless=true",
+		"-Djava.net.preferIPv4Stack=true",
+		"-Dzookeeper.log.dir=" + dir,
+		"-Dzookeeper.root.logger=INFO,CONSOLE",
+		"-Dlog4j.configuration=file:" + filepath.Join(dir, "log4j.properties"),
+		"-Dlogback.configurationFile=" + filepath.Join(dir, "logback.xml"),
+		"-Dzookeeper.jmx.log4j.disable=true",
+		"-cp", classpath,
+		"org.apache.zookeeper.server.quorum.QuorumPeerMain",
+		cfgPath,
+	}
+}
