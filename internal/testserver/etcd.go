@@ -178,8 +178,14 @@ func tryStartEtcdCluster(n int, bin string, timeout time.Duration) (_ *EtcdClust
 }
 
 // httpClient talks to etcd's HTTP endpoints. No keep-alives: an idle
-// connection would leave transport goroutines behind for leak checkers.
-var httpClient = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+// connection would leave transport goroutines behind for leak checkers. The
+// transport goes on dialing after a request is cancelled, so the dial has its
+// own bound: a connect to a partitioned member (SYNs dropped) would otherwise
+// outlive the request by the kernel's connect timeout, minutes.
+var httpClient = &http.Client{Transport: &http.Transport{
+	DisableKeepAlives: true,
+	DialContext:       (&net.Dialer{Timeout: 250 * time.Millisecond}).DialContext,
+}}
 
 // etcdHTTP does one request with a one-second timeout and returns the body of
 // a 200 response.

@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"slices"
@@ -260,23 +259,11 @@ func uniqueKey(t *testing.T) string {
 // etcdJSON issues an HTTP request to etcd and decodes the JSON reply.
 func etcdJSON(t *testing.T, method, url, body string, out any) error {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, method, url, strings.NewReader(body))
+	b, err := testserver.EtcdHTTP(method, url, body)
 	if err != nil {
 		return err
 	}
-	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
-	resp, err := client.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(resp.Body)
-		return fmt.Errorf("%s %s: %s %s", method, url, resp.Status, b)
-	}
-	return json.NewDecoder(resp.Body).Decode(out)
+	return json.Unmarshal(b, out)
 }
 
 func etcdHealth(t *testing.T, e *testserver.Etcd) error {

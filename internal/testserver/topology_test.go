@@ -124,24 +124,10 @@ func TestPartitionableEtcdCluster(t *testing.T) {
 	})
 }
 
-// etcdHealth returns nil if GET /health on url answers 200.
+// etcdHealthOK returns nil if GET /health on url answers 200.
 func etcdHealthOK(url string) error {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url+"/health", nil)
-	if err != nil {
-		return err
-	}
-	c := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
-	resp, err := c.Do(req)
-	if err != nil {
-		return err
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("GET /health: %s", resp.Status)
-	}
-	return nil
+	_, err := testserver.EtcdHTTP(http.MethodGet, url+"/health", "")
+	return err
 }
 
 // A partitionable ZooKeeper ensemble elects a new leader when the old one
