@@ -92,3 +92,23 @@ func TestReplicasOptions(t *testing.T) {
 		t.Fatalf("WithReplicas(1, 999ms) with ReadTimeout 1s: %v", err)
 	}
 }
+
+// TestReplicasUnreachable: with WithReplicas, a script whose pipeline
+// failed on the connection (go-redis gave up without retrying) reports the
+// connection's error, not an empty reply.
+func TestReplicasUnreachable(t *testing.T) {
+	addr := freeAddr(t)
+	rdb := newRDB(t, addr, func(o *redis.Options) { o.MaxRetries = -1 })
+	b := redislock.New(rdb, redislock.WithReplicas(1, 100*time.Millisecond))
+	t.Cleanup(func() { b.Close() })
+	ctx := ctxT(t, 10*time.Second)
+	r := dlock.Request{Key: key(t), Token: "tok", TTL: time.Second}
+	_, err := b.TryAcquire(ctx, r)
+	if err == nil || strings.Contains(err.Error(), "unexpected reply") || !strings.Contains(err.Error(), addr) {
+		t.Fatalf("TryAcquire on %s: got %v, want the connection's error naming the address", addr, err)
+	}
+	r.Fence = 1
+	if err := b.Release(ctx, r); err == nil || strings.Contains(err.Error(), "unexpected reply") {
+		t.Fatalf("Release on %s: got %v, want the connection's error", addr, err)
+	}
+}

@@ -51,7 +51,13 @@ func (b *Backend) eval(ctx context.Context, s *redis.Script, keys []string, args
 			cmd = s.EvalSha(ctx, pipe, keys, args...)
 		}
 		wait := pipe.Do(ctx, "wait", b.cfg.replicas, waitMs)
-		_, _ = pipe.Exec(ctx) // errors are per command
+		if _, err := pipe.Exec(ctx); err != nil && cmd.Err() == nil && cmd.Val() == nil {
+			// go-redis gives up a pipeline whose retries all failed (a
+			// failover's broken connections) without setting its
+			// commands' errors: the script's outcome is unknown.
+			cmd.SetErr(err)
+			wait.SetErr(err)
+		}
 		return cmd, wait
 	}
 	cmd, wait := send(false)
