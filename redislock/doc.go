@@ -133,6 +133,17 @@
 // same token; a waiter that leaves passes on only a lock handed to it and
 // not yet confirmed.
 //
+// go-redis resends a command whose connection broke or timed out after it
+// was written (Options.MaxRetries, 3 by default), so a script may run
+// twice. The lock scripts tolerate a repeat for one Client's holds: a repeated
+// grant is refused (the token holds the lock), a repeated Refresh sets the
+// same deadline, a repeated Release finds the lock gone or another grant's
+// (and reports dlock.ErrNotHeld, though the first run released it).
+// Only an owner id shared by several Clients is exposed: a repeated
+// Release gives up two of its holds, another Client's among them. Clients
+// that share a dlock.WithOwner id across processes should set MaxRetries
+// to -1 on their go-redis client.
+//
 // # Fencing
 //
 // A fresh grant's fence is the server time in µs (TIME inside the script),
