@@ -7,7 +7,12 @@ SHELL := /bin/bash
 GO ?= go
 # Every module of the workspace.
 MODULES := $(shell $(GO) work edit -json | sed -n 's/.*"DiskPath": "\(.*\)".*/\1/p')
+# Every package of every module: one go command covers the workspace.
+PKGS := $(addsuffix /...,$(MODULES))
 TESTFLAGS ?= -race -count=1 -timeout 20m
+# Test packages run at once. The tests mostly wait on servers and timers
+# (about a fifth of 2 cores busy), so 3 at a time halves the wall time.
+TESTP ?= 3
 # staticcheck 2026.2.2, fetched through the module proxy (checked with Go 1.26).
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
@@ -22,14 +27,14 @@ fmt-check:
 	@out=$$(gofmt -l $(MODULES)); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 vet:
-	@set -e; for m in $(MODULES); do echo "go vet $$m"; (cd $$m && $(GO) vet ./...); done
+	@echo "go vet $(MODULES)"; $(GO) vet $(PKGS)
 
 # lint: go vet and staticcheck (default checks) over every module.
 lint: vet
-	@set -e; for m in $(MODULES); do echo "staticcheck $$m"; (cd $$m && $(GO) run $(STATICCHECK) ./...); done
+	@echo "staticcheck $(MODULES)"; $(GO) run $(STATICCHECK) $(PKGS)
 
 unit:
-	@set -e; for m in $(MODULES); do echo "go test $$m"; (cd $$m && $(GO) test $(TESTFLAGS) ./...); done
+	@echo "go test -p $(TESTP) $(MODULES)"; $(GO) test $(TESTFLAGS) -p $(TESTP) $(PKGS)
 
 # modcheck: every module installs from a file proxy built from a tagged copy
 # of the working tree, offline (scripts/modcheck.sh, docs/RELEASING.md).
