@@ -397,50 +397,79 @@ func (st *stressState) step(ctx context.Context, rng *mrand.Rand) {
 	st.mu.Lock()
 	c := st.clients[rng.IntN(len(st.clients))]
 	st.mu.Unlock()
-	id := ""
+	sc := stepCall{c: c, start: time.Now()}
 	if rng.IntN(2) == 0 {
-		id = st.owners[rng.IntN(len(st.owners))]
+		sc.id = st.owners[rng.IntN(len(st.owners))]
 	}
 	wctx, cancel := st.waitCtx(rng)
 	defer cancel()
-	var holds []*stressHold
-	start := time.Now()
-	dl, _ := wctx.Deadline()
-	how := func(op, desc string) string {
-		return fmt.Sprintf("%s(owner %q, %s, ctx %v)", op, id, desc, dl.Sub(start).Round(time.Microsecond))
+	sc.deadline, _ = wctx.Deadline()
+	holds := st.acquireRandom(wctx, rng, sc)
+	if len(holds) == 0 {
+		return
 	}
+	holds = st.useHolds(ctx, rng, sc, holds)
+	// Most holds are released in a random order; a few are left for Close.
+	for _, i := range rng.Perm(len(holds)) {
+		if rng.IntN(100) != 0 {
+			st.release(holds[i])
+		} else {
+			st.unregisterLater(holds[i])
+		}
+	}
+}
+
+// stepCall is what one step's operations share: the Client, the owner id
+// ("" for none), and the start and deadline of the step's wait.
+type stepCall struct {
+	c        *dlock.Client
+	id       string
+	start    time.Time
+	deadline time.Time
+}
+
+// how describes an operation of the step for violation reports.
+func (sc stepCall) how(op, desc string) string {
+	return fmt.Sprintf("%s(owner %q, %s, ctx %v)", op, sc.id, desc, sc.deadline.Sub(sc.start).Round(time.Microsecond))
+}
+
+// acquireRandom takes one random kind of hold (a lock by Acquire,
+// TryAcquire, FIFO or AcquireMany, a read hold or a permit) and returns
+// the holds it registered; none when the attempt failed.
+func (st *stressState) acquireRandom(wctx context.Context, rng *mrand.Rand, sc stepCall) []*stressHold {
+	var holds []*stressHold
+	c, start := sc.c, sc.start
 	switch r := rng.IntN(12); {
 	case r == 10 && st.reads:
 		opts, desc := st.opts(rng, "")
 		l, err := c.RWLock(st.keys[rng.IntN(len(st.keys))]).RLock(wctx, opts...)
 		if st.acquired(err) {
 			st.n.reads.Add(1)
-			holds = append(holds, st.register(c, l, how("RLock", desc), start))
+			holds = append(holds, st.register(c, l, sc.how("RLock", desc), start))
 		}
 	case r == 11 && st.semKey != "":
 		opts, desc := st.opts(rng, "")
 		l, err := c.Semaphore(st.semKey, stressPermits).Acquire(wctx, opts...)
 		if st.acquired(err) {
 			st.n.permits.Add(1)
-			holds = append(holds, st.register(c, l, how("Semaphore.Acquire", desc), start))
+			holds = append(holds, st.register(c, l, sc.how("Semaphore.Acquire", desc), start))
 		}
 	case r >= 10:
-		return
 	case r == 0:
 		i, j := rng.IntN(len(st.keys)), rng.IntN(len(st.keys))
 		if i == j {
 			j = (i + 1) % len(st.keys)
 		}
-		opts, desc := st.opts(rng, id)
+		opts, desc := st.opts(rng, sc.id)
 		ls, err := c.AcquireMany(wctx, []string{st.keys[i], st.keys[j]}, opts...)
 		if st.acquired(err) {
 			st.n.many.Add(1)
 			for _, l := range ls {
-				holds = append(holds, st.register(c, l, how("AcquireMany", desc), start))
+				holds = append(holds, st.register(c, l, sc.how("AcquireMany", desc), start))
 			}
 		}
 	default:
-		opts, desc := st.opts(rng, id)
+		opts, desc := st.opts(rng, sc.id)
 		if r == 1 && st.s.h.FIFO {
 			opts = append(opts, dlock.WithFIFO())
 			desc += ", FIFO"
@@ -456,27 +485,31 @@ func (st *stressState) step(ctx context.Context, rng *mrand.Rand) {
 			l, err = c.Acquire(wctx, st.keys[rng.IntN(len(st.keys))], opts...)
 		}
 		if st.acquired(err) {
-			holds = append(holds, st.register(c, l, how(op, desc), start))
+			holds = append(holds, st.register(c, l, sc.how(op, desc), start))
 		}
 	}
-	if len(holds) == 0 {
-		return
-	}
+	return holds
+}
+
+// useHolds works with the step's holds: up to three random re-entries (of
+// a lock, by the step's owner id), refreshes to random TTLs, and short
+// pauses. It returns the holds with the re-entries added.
+func (st *stressState) useHolds(ctx context.Context, rng *mrand.Rand, sc stepCall, holds []*stressHold) []*stressHold {
 	for n := rng.IntN(4); n > 0 && ctx.Err() == nil; n-- {
 		h := holds[rng.IntN(len(holds))]
 		switch rng.IntN(3) {
 		case 0:
-			if id == "" || h.l.Kind() != dlock.KindLock {
+			if sc.id == "" || h.l.Kind() != dlock.KindLock {
 				continue
 			}
 			rctx, cancel := st.waitCtx(rng)
 			rstart := time.Now()
-			opts, desc := st.opts(rng, id)
-			l, err := c.TryAcquire(rctx, h.l.Key(), opts...)
+			opts, desc := st.opts(rng, sc.id)
+			l, err := sc.c.TryAcquire(rctx, h.l.Key(), opts...)
 			cancel()
 			if st.acquired(err) {
 				st.n.reentries.Add(1)
-				holds = append(holds, st.register(c, l, "re-entry "+how("TryAcquire", desc), rstart))
+				holds = append(holds, st.register(sc.c, l, "re-entry "+sc.how("TryAcquire", desc), rstart))
 			}
 		case 1:
 			rctx, cancel := st.waitCtx(rng)
@@ -489,14 +522,7 @@ func (st *stressState) step(ctx context.Context, rng *mrand.Rand) {
 			time.Sleep(time.Duration(rng.IntN(3000)) * time.Microsecond)
 		}
 	}
-	// Most holds are released in a random order; a few are left for Close.
-	for _, i := range rng.Perm(len(holds)) {
-		if rng.IntN(100) != 0 {
-			st.release(holds[i])
-		} else {
-			st.unregisterLater(holds[i])
-		}
-	}
+	return holds
 }
 
 // unregisterLater leaves a hold to its Client's Close, keeping it checked
