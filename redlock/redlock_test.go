@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/locktest"
 	"github.com/dlock-go/dlock/internal/scale"
 	"github.com/dlock-go/dlock/redislock"
 	"github.com/dlock-go/dlock/redlock"
@@ -61,7 +62,7 @@ func TestNewInvalid(t *testing.T) {
 
 func TestBadRequests(t *testing.T) {
 	b := newBackend(t)
-	ctx := ctxT(t, 10*time.Second)
+	ctx := locktest.Ctx(t, 10*time.Second)
 	short := req("k", redlock.MinTTL-time.Millisecond)
 	if _, err := b.TryAcquire(ctx, short); !errors.Is(err, dlock.ErrInvalidTTL) {
 		t.Errorf("TryAcquire with TTL %v: got %v, want ErrInvalidTTL", short.TTL, err)
@@ -108,12 +109,37 @@ func TestClosed(t *testing.T) {
 func acquire(t *testing.T, b *redlock.Backend, key string, ttl time.Duration) dlock.Request {
 	t.Helper()
 	r := req(key, ttl)
-	g, err := b.TryAcquire(ctxT(t, 10*time.Second), r)
+	g, err := b.TryAcquire(locktest.Ctx(t, 10*time.Second), r)
 	if err != nil || !g.OK {
 		t.Fatalf("TryAcquire(%q): got %+v, %v, want a grant", key, g, err)
 	}
 	r.Fence = g.Fence
 	return r
+}
+
+// acquireEverywhere takes a fresh key on b until every node of nbs holds
+// it: a grant on a quorum is enough for a lease, and a node that answered
+// after the others is given back, which a loaded machine makes likely.
+func acquireEverywhere(t *testing.T, b *redlock.Backend, nbs []*redislock.Backend, ttl time.Duration) dlock.Request {
+	t.Helper()
+	ctx := locktest.Ctx(t, 30*time.Second)
+	for ctx.Err() == nil {
+		r := acquire(t, b, locktest.Key(t), ttl)
+		held := 0
+		for _, nb := range nbs {
+			if info, err := nb.Inspect(ctx, r.Key); err == nil && info.Held {
+				held++
+			}
+		}
+		if held == len(nbs) {
+			return r
+		}
+		if err := b.Release(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Fatalf("no grant held on all %d nodes within 30s", len(nbs))
+	return dlock.Request{}
 }
 
 // nodeBackends returns a redislock.Backend on each node, to look at or
@@ -134,7 +160,7 @@ func plant(t *testing.T, key, token string, ttl time.Duration, idx ...int) {
 	t.Helper()
 	nbs := nodeBackends(t)
 	for _, i := range idx {
-		g, err := nbs[i].TryAcquire(ctxT(t, 10*time.Second), dlock.Request{Key: key, Token: token, TTL: ttl})
+		g, err := nbs[i].TryAcquire(locktest.Ctx(t, 10*time.Second), dlock.Request{Key: key, Token: token, TTL: ttl})
 		if err != nil || !g.OK {
 			t.Fatalf("plant on node %d: got %+v, %v", i, g, err)
 		}
@@ -149,7 +175,7 @@ func TestWriteBack(t *testing.T) {
 	// Every node must answer (node 3 holds the maximum): a node timeout a
 	// loaded machine does not reach.
 	b := newBackend(t, redlock.WithNodeTimeout(time.Second))
-	k := key(t)
+	k := locktest.Key(t)
 	// Node 3's fences run far ahead (as if its clock did): the fence must
 	// come from it.
 	ahead := uint64(time.Now().UnixMicro()) + 1e9
@@ -162,7 +188,7 @@ func TestWriteBack(t *testing.T) {
 	if r.Fence != ahead+1 {
 		t.Fatalf("fence: got %d, want %d (the maximum over the nodes)", r.Fence, ahead+1)
 	}
-	infos, err := b.InspectNodes(ctxT(t, 10*time.Second), k)
+	infos, err := b.InspectNodes(locktest.Ctx(t, 10*time.Second), k)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -188,27 +214,27 @@ func TestWriteBack(t *testing.T) {
 	if holding < 3 {
 		t.Fatalf("%d nodes hold the lease, want at least the quorum 3", holding)
 	}
-	if err := b.Refresh(ctxT(t, 10*time.Second), r); err != nil {
+	if err := b.Refresh(locktest.Ctx(t, 10*time.Second), r); err != nil {
 		t.Fatalf("Refresh with the lease's fence: %v", err)
 	}
 	stale := r
 	stale.Fence--
-	if err := b.Release(ctxT(t, 10*time.Second), stale); !errors.Is(err, dlock.ErrNotHeld) {
+	if err := b.Release(locktest.Ctx(t, 10*time.Second), stale); !errors.Is(err, dlock.ErrNotHeld) {
 		t.Fatalf("Release with another fence: got %v, want ErrNotHeld", err)
 	}
-	if err := b.Release(ctxT(t, 10*time.Second), r); err != nil {
+	if err := b.Release(locktest.Ctx(t, 10*time.Second), r); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
 	// Every node that held the lease got the release before Release
 	// returned, or gets it shortly after (a node slower than the quorum):
 	// then a second Release finds no node holding it.
 	for _, i := range held {
-		waitFor(t, 5*time.Second, "node "+strconv.Itoa(i)+" to leave a tombstone at the fence", func() bool {
+		locktest.WaitFor(t, 5*time.Second, "node "+strconv.Itoa(i)+" to leave a tombstone at the fence", func() bool {
 			v, err := rdbs[i].Get(context.Background(), lock).Result()
 			return err == nil && strings.HasPrefix(v, strconv.FormatUint(r.Fence, 10)+":0:")
 		})
 	}
-	if err := b.Release(ctxT(t, 10*time.Second), r); !errors.Is(err, dlock.ErrNotHeld) {
+	if err := b.Release(locktest.Ctx(t, 10*time.Second), r); !errors.Is(err, dlock.ErrNotHeld) {
 		t.Fatalf("second Release: got %v, want ErrNotHeld", err)
 	}
 }
@@ -219,24 +245,24 @@ func TestMinorityDown(t *testing.T) {
 	for _, f := range []fault{pause, kill} {
 		t.Run(string(f), func(t *testing.T) {
 			b := newBackend(t, redlock.WithNodeTimeout(nodeTimeout))
-			k := key(t)
+			k := locktest.Key(t)
 			restore := f.apply(t, 1, 3)
 			start := time.Now()
 			r := acquire(t, b, k, 2*time.Second)
 			t.Logf("acquired with nodes 1 and 3 out in %v (node timeout %v)", time.Since(start), nodeTimeout)
-			if err := b.Refresh(ctxT(t, 10*time.Second), r); err != nil {
+			if err := b.Refresh(locktest.Ctx(t, 10*time.Second), r); err != nil {
 				t.Fatalf("Refresh: %v", err)
 			}
-			info, err := b.Inspect(ctxT(t, 10*time.Second), k)
+			info, err := b.Inspect(locktest.Ctx(t, 10*time.Second), k)
 			if err != nil || !info.Held || info.Owner != r.Token || info.Fence != r.Fence {
 				t.Fatalf("Inspect: got %+v, %v, want held by the lease", info, err)
 			}
 			other := req(k, time.Second)
-			if g, err := b.TryAcquire(ctxT(t, 10*time.Second), other); err != nil || g.OK {
+			if g, err := b.TryAcquire(locktest.Ctx(t, 10*time.Second), other); err != nil || g.OK {
 				t.Fatalf("TryAcquire by another token: got %+v, %v, want not granted", g, err)
 			}
 			start = time.Now()
-			if err := b.Release(ctxT(t, 10*time.Second), r); err != nil {
+			if err := b.Release(locktest.Ctx(t, 10*time.Second), r); err != nil {
 				t.Fatalf("Release: %v", err)
 			}
 			t.Logf("released in %v", time.Since(start))
@@ -244,13 +270,13 @@ func TestMinorityDown(t *testing.T) {
 			if r2.Fence <= r.Fence {
 				t.Fatalf("fence after release: got %d, want > %d", r2.Fence, r.Fence)
 			}
-			if err := b.Release(ctxT(t, 10*time.Second), r2); err != nil {
+			if err := b.Release(locktest.Ctx(t, 10*time.Second), r2); err != nil {
 				t.Fatalf("Release: %v", err)
 			}
 
 			// The Client: Acquire, auto-renewal across several TTLs, Release.
 			c := newClient(t, []redlock.Option{redlock.WithNodeTimeout(nodeTimeout)}, dlock.WithTTL(500*time.Millisecond))
-			l, err := c.Acquire(ctxT(t, 10*time.Second), k)
+			l, err := c.Acquire(locktest.Ctx(t, 10*time.Second), k)
 			if err != nil {
 				t.Fatalf("Client.Acquire: %v", err)
 			}
@@ -259,7 +285,7 @@ func TestMinorityDown(t *testing.T) {
 				t.Fatalf("lease lost with 2 of 5 nodes out: %v", l.Err())
 			case <-time.After(2 * time.Second):
 			}
-			if err := l.Release(ctxT(t, 10*time.Second)); err != nil {
+			if err := l.Release(locktest.Ctx(t, 10*time.Second)); err != nil {
 				t.Fatalf("Lease.Release: %v", err)
 			}
 			restore()
@@ -293,12 +319,12 @@ func TestMajorityDown(t *testing.T) {
 			}
 			b := redlock.NewWithOptions(newClients(t, edit), redlock.WithNodeTimeout(timeout))
 			t.Cleanup(func() { b.Close() })
-			k := key(t)
+			k := locktest.Key(t)
 			restore := f.apply(t, 0, 2, 4)
 			var took []time.Duration
 			for i := 0; i < 5; i++ {
 				start := time.Now()
-				g, err := b.TryAcquire(ctxT(t, 10*time.Second), req(k, time.Second))
+				g, err := b.TryAcquire(locktest.Ctx(t, 10*time.Second), req(k, time.Second))
 				took = append(took, time.Since(start))
 				if err == nil || g.OK {
 					t.Fatalf("TryAcquire with 3 of 5 nodes out: got %+v, %v, want an error", g, err)
@@ -334,7 +360,7 @@ func TestMajorityDown(t *testing.T) {
 			// Nothing left on the nodes that answered: released at once, or
 			// (a grant that came after the attempt failed fast) just after.
 			var infos []redlock.NodeInfo
-			waitFor(t, 5*time.Second, "nodes 1 and 3 free after the failed attempts", func() bool {
+			locktest.WaitFor(t, 5*time.Second, "nodes 1 and 3 free after the failed attempts", func() bool {
 				var err error
 				infos, err = b.InspectNodes(context.Background(), k)
 				return err == nil && infos[1].Err == nil && !infos[1].Info.Held && infos[3].Err == nil && !infos[3].Info.Held
@@ -347,17 +373,14 @@ func TestMajorityDown(t *testing.T) {
 			// A Client's Acquire reports the failure, not contention.
 			c := dlock.New(redlock.NewWithOptions(newClients(t, edit), redlock.WithNodeTimeout(timeout)), dlock.WithTTL(time.Second))
 			t.Cleanup(func() { c.Close() })
-			if _, err := c.Acquire(ctxT(t, 10*time.Second), k); err == nil || errors.Is(err, dlock.ErrNotAcquired) || len(nodeErrs(err)) != 3 {
+			if _, err := c.Acquire(locktest.Ctx(t, 10*time.Second), k); err == nil || errors.Is(err, dlock.ErrNotAcquired) || len(nodeErrs(err)) != 3 {
 				t.Fatalf("Client.Acquire: got %v, want a failure with three NodeErrors", err)
 			}
 			// Back: the attempts that the paused nodes still had queued run
 			// now (and their grants are given back), so wait.
 			restore()
-			l, err := c.Acquire(ctxT(t, 10*time.Second), k)
-			if err != nil {
-				t.Fatalf("Acquire after the nodes came back: %v", err)
-			}
-			if err := l.Release(ctxT(t, 10*time.Second)); err != nil {
+			l := locktest.MustAcquire(t, locktest.Ctx(t, 10*time.Second), c, k)
+			if err := l.Release(locktest.Ctx(t, 10*time.Second)); err != nil {
 				t.Fatalf("Release after the nodes came back: %v", err)
 			}
 		})
@@ -369,12 +392,12 @@ func TestMajorityDown(t *testing.T) {
 func TestFailFast(t *testing.T) {
 	const timeout = 2 * time.Second
 	b := newBackend(t, redlock.WithNodeTimeout(timeout))
-	k := key(t)
+	k := locktest.Key(t)
 	plant(t, k, "someone-else", 10*time.Second, 0, 1, 2)
 	f := pause
 	restore := f.apply(t, 3, 4)
 	start := time.Now()
-	g, err := b.TryAcquire(ctxT(t, 10*time.Second), req(k, 10*time.Second))
+	g, err := b.TryAcquire(locktest.Ctx(t, 10*time.Second), req(k, 10*time.Second))
 	took := time.Since(start)
 	restore()
 	if err != nil || g.OK {
@@ -394,10 +417,10 @@ func TestFailFast(t *testing.T) {
 // what it took is given back.
 func TestSplitVote(t *testing.T) {
 	b := newBackend(t, redlock.WithNodeTimeout(nodeTimeout))
-	k := key(t)
+	k := locktest.Key(t)
 	plant(t, k, "x", 3*time.Second, 0, 1)
 	plant(t, k, "y", 6*time.Second, 2, 3)
-	g, err := b.TryAcquire(ctxT(t, 10*time.Second), req(k, time.Second))
+	g, err := b.TryAcquire(locktest.Ctx(t, 10*time.Second), req(k, time.Second))
 	if err != nil || g.OK {
 		t.Fatalf("TryAcquire: got %+v, %v, want not granted", g, err)
 	}
@@ -405,23 +428,23 @@ func TestSplitVote(t *testing.T) {
 	if g.HolderTTL <= 2*time.Second || g.HolderTTL > 3*time.Second {
 		t.Fatalf("HolderTTL: got %v, want in (2s, 3s]", g.HolderTTL)
 	}
-	infos, err := b.InspectNodes(ctxT(t, 10*time.Second), k)
+	infos, err := b.InspectNodes(locktest.Ctx(t, 10*time.Second), k)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if infos[4].Err != nil || infos[4].Info.Held {
 		t.Fatalf("node 4 after the failed attempt: got %+v, want not held", infos[4])
 	}
-	info, err := b.Inspect(ctxT(t, 10*time.Second), k)
+	info, err := b.Inspect(locktest.Ctx(t, 10*time.Second), k)
 	if err != nil || info.Held {
 		t.Fatalf("Inspect of a split lock: got %+v, %v, want not held", info, err)
 	}
-	removed, err := b.ForceRelease(ctxT(t, 10*time.Second), k)
+	removed, err := b.ForceRelease(locktest.Ctx(t, 10*time.Second), k)
 	if err != nil || removed.Held {
 		t.Fatalf("ForceRelease of a split lock: got %+v, %v, want nothing held by a quorum", removed, err)
 	}
 	r := acquire(t, b, k, time.Second)
-	if err := b.Release(ctxT(t, 10*time.Second), r); err != nil {
+	if err := b.Release(locktest.Ctx(t, 10*time.Second), r); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
 }
@@ -431,7 +454,7 @@ func TestSplitVote(t *testing.T) {
 // that held the lease keep a tombstone at its fence after the release.
 func TestRestartEmpty(t *testing.T) {
 	b := newBackend(t, redlock.WithNodeTimeout(nodeTimeout))
-	k := key(t)
+	k := locktest.Key(t)
 	rdbs := newClients(t)
 	lock := redislock.New(rdbs[0]).LockName(k)
 	ahead := uint64(time.Now().UnixMicro()) + 1e9 // clocks 1000s ahead
@@ -444,7 +467,7 @@ func TestRestartEmpty(t *testing.T) {
 	if r.Fence <= ahead {
 		t.Fatalf("fence: got %d, want > %d", r.Fence, ahead)
 	}
-	if err := b.Release(ctxT(t, 10*time.Second), r); err != nil {
+	if err := b.Release(locktest.Ctx(t, 10*time.Second), r); err != nil {
 		t.Fatal(err)
 	}
 	last := r.Fence
@@ -459,7 +482,7 @@ func TestRestartEmpty(t *testing.T) {
 			t.Fatalf("fence %d after nodes 0 and 4 restarted empty: got %d, want > %d", n, r.Fence, last)
 		}
 		last = r.Fence
-		if err := b.Release(ctxT(t, 10*time.Second), r); err != nil {
+		if err := b.Release(locktest.Ctx(t, 10*time.Second), r); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -468,33 +491,35 @@ func TestRestartEmpty(t *testing.T) {
 // TestRefreshQuorum: Refresh succeeds while a quorum holds the lock and
 // reports ErrNotHeld once a quorum does not.
 func TestRefreshQuorum(t *testing.T) {
-	b := newBackend(t, redlock.WithNodeTimeout(nodeTimeout))
-	k := key(t)
-	r := acquire(t, b, k, 5*time.Second)
+	// Every node must answer each call: the test counts the nodes holding
+	// the lock.
+	b := newBackend(t, redlock.WithNodeTimeout(time.Second))
 	nbs := nodeBackends(t)
+	r := acquireEverywhere(t, b, nbs, 5*time.Second)
+	k := r.Key
 	for i, want := range []error{nil, nil, dlock.ErrNotHeld} {
-		if _, err := nbs[i].ForceRelease(ctxT(t, 10*time.Second), k); err != nil {
+		if _, err := nbs[i].ForceRelease(locktest.Ctx(t, 10*time.Second), k); err != nil {
 			t.Fatal(err)
 		}
-		err := b.Refresh(ctxT(t, 10*time.Second), r)
+		err := b.Refresh(locktest.Ctx(t, 10*time.Second), r)
 		if want == nil && err != nil || want != nil && !errors.Is(err, want) {
 			t.Fatalf("Refresh with the lock deleted on %d nodes: got %v, want %v", i+1, err, want)
 		}
 		if want == nil {
-			if err := b.RefreshMany(ctxT(t, 10*time.Second), []dlock.Request{r})[0]; err != nil {
+			if err := b.RefreshMany(locktest.Ctx(t, 10*time.Second), []dlock.Request{r})[0]; err != nil {
 				t.Fatalf("RefreshMany with the lock deleted on %d nodes: %v", i+1, err)
 			}
 		}
 	}
-	if err := b.RefreshMany(ctxT(t, 10*time.Second), []dlock.Request{r})[0]; !errors.Is(err, dlock.ErrNotHeld) {
+	if err := b.RefreshMany(locktest.Ctx(t, 10*time.Second), []dlock.Request{r})[0]; !errors.Is(err, dlock.ErrNotHeld) {
 		t.Fatalf("RefreshMany with the lock deleted on 3 nodes: got %v, want ErrNotHeld", err)
 	}
 	// Release of a lease no quorum holds reports it (ErrNotHeld) and still
 	// frees the two nodes that hold it.
-	if err := b.Release(ctxT(t, 10*time.Second), r); !errors.Is(err, dlock.ErrNotHeld) {
+	if err := b.Release(locktest.Ctx(t, 10*time.Second), r); !errors.Is(err, dlock.ErrNotHeld) {
 		t.Fatalf("Release on the 2 nodes that hold it: got %v, want ErrNotHeld", err)
 	}
-	info, err := b.Inspect(ctxT(t, 10*time.Second), k)
+	info, err := b.Inspect(locktest.Ctx(t, 10*time.Second), k)
 	if err != nil || info.Held {
 		t.Fatalf("Inspect after Release: got %+v, %v, want not held", info, err)
 	}
@@ -504,11 +529,11 @@ func TestRefreshMany(t *testing.T) {
 	b := newBackend(t, redlock.WithNodeTimeout(nodeTimeout))
 	var rs []dlock.Request
 	for i := 0; i < 4; i++ {
-		rs = append(rs, acquire(t, b, key(t)+strconv.Itoa(i), 5*time.Second))
+		rs = append(rs, acquire(t, b, locktest.Key(t)+strconv.Itoa(i), 5*time.Second))
 	}
-	foreign := req(key(t), 5*time.Second)
+	foreign := req(locktest.Key(t), 5*time.Second)
 	invalid := req("", 5*time.Second)
-	errs := b.RefreshMany(ctxT(t, 10*time.Second), append(rs, foreign, invalid))
+	errs := b.RefreshMany(locktest.Ctx(t, 10*time.Second), append(rs, foreign, invalid))
 	for i := range rs {
 		if errs[i] != nil {
 			t.Errorf("request %d: got %v, want nil", i, errs[i])
@@ -521,7 +546,7 @@ func TestRefreshMany(t *testing.T) {
 		t.Errorf("empty key: got %v, want ErrInvalidKey", errs[5])
 	}
 	restore := pause.apply(t, 0, 1)
-	errs = b.RefreshMany(ctxT(t, 10*time.Second), rs)
+	errs = b.RefreshMany(locktest.Ctx(t, 10*time.Second), rs)
 	restore()
 	for i := range rs {
 		if errs[i] != nil {
@@ -529,7 +554,7 @@ func TestRefreshMany(t *testing.T) {
 		}
 	}
 	for _, r := range rs {
-		if err := b.Release(ctxT(t, 10*time.Second), r); err != nil {
+		if err := b.Release(locktest.Ctx(t, 10*time.Second), r); err != nil {
 			t.Errorf("Release: %v", err)
 		}
 	}
@@ -539,14 +564,14 @@ func TestRefreshMany(t *testing.T) {
 // nodes fails acquisitions with ErrWrongType; on a minority it does not.
 func TestWrongType(t *testing.T) {
 	b := newBackend(t, redlock.WithNodeTimeout(nodeTimeout))
-	k := key(t)
+	k := locktest.Key(t)
 	rdbs := newClients(t)
 	lock := redislock.New(rdbs[0]).LockName(k)
 	if err := rdbs[0].RPush(context.Background(), lock, "x").Err(); err != nil {
 		t.Fatal(err)
 	}
 	r := acquire(t, b, k, time.Second)
-	if err := b.Release(ctxT(t, 10*time.Second), r); err != nil {
+	if err := b.Release(locktest.Ctx(t, 10*time.Second), r); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
 	for _, i := range []int{1, 2} {
@@ -558,7 +583,7 @@ func TestWrongType(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	_, err := b.TryAcquire(ctxT(t, 10*time.Second), req(k, time.Second))
+	_, err := b.TryAcquire(locktest.Ctx(t, 10*time.Second), req(k, time.Second))
 	if !errors.Is(err, dlock.ErrWrongType) || len(nodeErrs(err)) != 3 {
 		t.Fatalf("TryAcquire with a list on 3 nodes: got %v, want ErrWrongType from 3 nodes", err)
 	}
@@ -572,26 +597,31 @@ func TestWrongType(t *testing.T) {
 // TestWokenWithMinorityDown: a waiter subscribed while 2 of 5 nodes are
 // paused is woken by the release, well before the holder's TTL.
 func TestWokenWithMinorityDown(t *testing.T) {
-	k := key(t)
+	k := locktest.Key(t)
 	// A node timeout a loaded machine does not reach: the three nodes up
 	// must answer the release.
 	bopts := []redlock.Option{redlock.WithNodeTimeout(time.Second), redlock.WithSubscribeTimeout(time.Second)}
-	holder, err := newClient(t, bopts, dlock.WithTTL(20*time.Second)).Acquire(ctxT(t, 10*time.Second), k)
+	holder, err := newClient(t, bopts, dlock.WithTTL(20*time.Second)).Acquire(locktest.Ctx(t, 10*time.Second), k)
 	if err != nil {
 		t.Fatal(err)
 	}
 	restore := pause.apply(t, 2, 4)
-	c := newClient(t, bopts, dlock.WithTTL(time.Second), dlock.WithWait(dlock.Constant(time.Minute)))
+	waiting, waits := locktest.Waiting()
+	c := newClient(t, bopts, dlock.WithTTL(time.Second), dlock.WithWait(dlock.Constant(time.Minute)), waiting)
 	got := make(chan error, 1)
 	var l *dlock.Lease
 	go func() {
 		var err error
-		l, err = c.Acquire(ctxT(t, time.Minute), k)
+		l, err = c.Acquire(locktest.Ctx(t, time.Minute), k)
 		got <- err
 	}()
-	time.Sleep(500 * time.Millisecond) // let it subscribe and wait (any phase must work)
+	select { // the waiter lost its first attempt and waits
+	case <-waits:
+	case err := <-got:
+		t.Fatalf("waiter returned before it waited: %v", err)
+	}
 	released := time.Now()
-	if err := holder.Release(ctxT(t, 10*time.Second)); err != nil {
+	if err := holder.Release(locktest.Ctx(t, 10*time.Second)); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
 	select {
@@ -604,7 +634,7 @@ func TestWokenWithMinorityDown(t *testing.T) {
 		t.Fatal("waiter not woken within 10s of the release (holder TTL 20s)")
 	}
 	restore()
-	if err := l.Release(ctxT(t, 10*time.Second)); err != nil {
+	if err := l.Release(locktest.Ctx(t, 10*time.Second)); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
 }
@@ -614,15 +644,15 @@ func TestWokenWithMinorityDown(t *testing.T) {
 // does not disturb the lease.
 func TestLateGrantGivenBack(t *testing.T) {
 	b := newBackend(t, redlock.WithNodeTimeout(nodeTimeout))
-	k := key(t)
+	k := locktest.Key(t)
 	restore := pause.apply(t, 4)
 	r := acquire(t, b, k, 3*time.Second)
 	restore()
-	waitFor(t, 5*time.Second, "node 4 to give back its late grant", func() bool {
+	locktest.WaitFor(t, 5*time.Second, "node 4 to give back its late grant", func() bool {
 		infos, err := b.InspectNodes(context.Background(), k)
 		return err == nil && infos[4].Err == nil && !infos[4].Info.Held
 	})
-	infos, err := b.InspectNodes(ctxT(t, 10*time.Second), k)
+	infos, err := b.InspectNodes(locktest.Ctx(t, 10*time.Second), k)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -635,40 +665,40 @@ func TestLateGrantGivenBack(t *testing.T) {
 	if holding < 3 {
 		t.Fatalf("%d of nodes 0-3 hold the lease, want at least the quorum 3: %+v", holding, infos)
 	}
-	if err := b.Release(ctxT(t, 10*time.Second), r); err != nil {
+	if err := b.Release(locktest.Ctx(t, 10*time.Second), r); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
 }
 
 func TestInspectForceRelease(t *testing.T) {
 	b := newBackend(t, redlock.WithNodeTimeout(nodeTimeout))
-	k := key(t)
-	info, err := b.Inspect(ctxT(t, 10*time.Second), k)
+	k := locktest.Key(t)
+	info, err := b.Inspect(locktest.Ctx(t, 10*time.Second), k)
 	if err != nil || info.Held || info.Key != k || info.Waiters != -1 {
 		t.Fatalf("Inspect of a free lock: got %+v, %v", info, err)
 	}
 	r := acquire(t, b, k, 5*time.Second)
-	info, err = b.Inspect(ctxT(t, 10*time.Second), k)
+	info, err = b.Inspect(locktest.Ctx(t, 10*time.Second), k)
 	if err != nil || !info.Held || info.Owner != r.Token || info.Fence != r.Fence || info.Count != 1 || info.TTL <= 0 || info.TTL > 5*time.Second {
 		t.Fatalf("Inspect of a held lock: got %+v, %v", info, err)
 	}
 
 	// 3 of 5 paused: the verdict is open, so Inspect says so.
 	restore := pause.apply(t, 0, 1, 2)
-	_, err = b.Inspect(ctxT(t, 10*time.Second), k)
+	_, err = b.Inspect(locktest.Ctx(t, 10*time.Second), k)
 	if len(nodeErrs(err)) != 3 {
 		t.Fatalf("Inspect with 3 nodes paused: got %v, want three NodeErrors", err)
 	}
 	restore()
 
-	removed, err := b.ForceRelease(ctxT(t, 10*time.Second), k)
+	removed, err := b.ForceRelease(locktest.Ctx(t, 10*time.Second), k)
 	if err != nil || !removed.Held || removed.Owner != r.Token || removed.Fence != r.Fence {
 		t.Fatalf("ForceRelease: got %+v, %v, want the lease's lock", removed, err)
 	}
-	if err := b.Refresh(ctxT(t, 10*time.Second), r); !errors.Is(err, dlock.ErrNotHeld) {
+	if err := b.Refresh(locktest.Ctx(t, 10*time.Second), r); !errors.Is(err, dlock.ErrNotHeld) {
 		t.Fatalf("Refresh after ForceRelease: got %v, want ErrNotHeld", err)
 	}
-	if err := b.Release(ctxT(t, 10*time.Second), r); !errors.Is(err, dlock.ErrNotHeld) {
+	if err := b.Release(locktest.Ctx(t, 10*time.Second), r); !errors.Is(err, dlock.ErrNotHeld) {
 		t.Fatalf("Release after ForceRelease: got %v, want ErrNotHeld", err)
 	}
 	r2 := acquire(t, b, k, time.Second)
@@ -681,38 +711,32 @@ func TestInspectForceRelease(t *testing.T) {
 // missed the first acquisition came back; the nested grant keeps the
 // outer fence and both holds release cleanly.
 func TestReentrantFreshNode(t *testing.T) {
-	k := key(t)
+	k := locktest.Key(t)
 	// No go-redis retries (as the package recommends): a retried dial
 	// would deliver the killed node's acquire once it is back.
 	c := dlock.New(redlock.NewWithOptions(newClients(t, func(o *redis.Options) { o.MaxRetries, o.DialerRetries = -1, 1 }), redlock.WithNodeTimeout(nodeTimeout)),
 		dlock.WithTTL(2*time.Second), dlock.WithOwner("job-"+k))
 	t.Cleanup(func() { c.Close() })
 	restore := kill.apply(t, 3)
-	outer, err := c.Acquire(ctxT(t, 10*time.Second), k)
-	if err != nil {
-		t.Fatal(err)
-	}
+	outer := locktest.MustAcquire(t, locktest.Ctx(t, 10*time.Second), c, k)
 	restore()
-	inner, err := c.Acquire(ctxT(t, 10*time.Second), k)
-	if err != nil {
-		t.Fatal(err)
-	}
+	inner := locktest.MustAcquire(t, locktest.Ctx(t, 10*time.Second), c, k)
 	if inner.Fence() != outer.Fence() || inner.Count() != 2 {
 		t.Fatalf("nested grant: got fence %d count %d, want fence %d count 2", inner.Fence(), inner.Count(), outer.Fence())
 	}
-	if err := inner.Release(ctxT(t, 10*time.Second)); err != nil {
+	if err := inner.Release(locktest.Ctx(t, 10*time.Second)); err != nil {
 		t.Fatalf("inner Release: %v", err)
 	}
 	b := newBackend(t, redlock.WithNodeTimeout(nodeTimeout))
-	info, err := b.Inspect(ctxT(t, 10*time.Second), k)
+	info, err := b.Inspect(locktest.Ctx(t, 10*time.Second), k)
 	if err != nil || !info.Held || info.Fence != outer.Fence() {
 		t.Fatalf("after the inner release: got %+v, %v, want held with the outer fence", info, err)
 	}
-	if err := outer.Release(ctxT(t, 10*time.Second)); err != nil {
+	if err := outer.Release(locktest.Ctx(t, 10*time.Second)); err != nil {
 		t.Fatalf("outer Release: %v", err)
 	}
 	// Release returns once a quorum released; the others follow.
-	waitFor(t, 5*time.Second, "every node free after the last release", func() bool {
+	locktest.WaitFor(t, 5*time.Second, "every node free after the last release", func() bool {
 		infos, err := b.InspectNodes(context.Background(), k)
 		if err != nil {
 			return false
@@ -740,7 +764,7 @@ func TestDelayedRestartRule(t *testing.T) {
 	a, b := newB(), newB()
 
 	t.Run("ImmediateRestartBreaksExclusion", func(t *testing.T) {
-		k := key(t)
+		k := locktest.Key(t)
 		restore34 := kill.apply(t, 3, 4)
 		invoke := time.Now()
 		ra := acquire(t, a, k, 10*time.Second) // on nodes 0, 1, 2
@@ -750,7 +774,7 @@ func TestDelayedRestartRule(t *testing.T) {
 		}
 		restore34()
 		rb := req(k, 10*time.Second)
-		g, err := b.TryAcquire(ctxT(t, 10*time.Second), rb)
+		g, err := b.TryAcquire(locktest.Ctx(t, 10*time.Second), rb)
 		if err != nil || !g.OK {
 			t.Fatalf("second owner: got %+v, %v; want the lock granted (nodes 2, 3, 4), showing why the rule is needed", g, err)
 		}
@@ -759,12 +783,12 @@ func TestDelayedRestartRule(t *testing.T) {
 		}
 		t.Logf("two owners hold %q: the first until +%v, the second from now", k, time.Until(validUntil).Round(time.Millisecond))
 		rb.Fence = g.Fence
-		b.Release(ctxT(t, 10*time.Second), rb)
-		a.Release(ctxT(t, 10*time.Second), ra)
+		b.Release(locktest.Ctx(t, 10*time.Second), rb)
+		a.Release(locktest.Ctx(t, 10*time.Second), ra)
 	})
 
 	t.Run("DelayedRestartKeepsExclusion", func(t *testing.T) {
-		k := key(t)
+		k := locktest.Key(t)
 		const ttl = 500 * time.Millisecond
 		restore34 := kill.apply(t, 3, 4)
 		// The lease is valid for TTL − drift from the acquisition's invoke
@@ -776,16 +800,21 @@ func TestDelayedRestartRule(t *testing.T) {
 		restore2 := kill.apply(t, 2) // stays out until ra expired
 		restore34()
 		for time.Now().Before(validUntil) {
-			g, err := b.TryAcquire(ctxT(t, 10*time.Second), req(k, ttl))
+			g, err := b.TryAcquire(locktest.Ctx(t, 10*time.Second), req(k, ttl))
 			if g.OK {
 				t.Fatalf("second owner granted while the first lease is valid (err %v)", err)
 			}
-			time.Sleep(20 * time.Millisecond)
+			time.Sleep(20 * time.Millisecond) // the pace of the probes
 		}
-		time.Sleep(time.Until(validUntil.Add(redlock.Drift(ttl) + 10*time.Millisecond))) // the nodes' expiry
+		// Node 2 stays out until the first lease's keys expired on the
+		// nodes that hold them.
+		locktest.WaitFor(t, 10*time.Second, "the first lease expired on nodes 0 and 1", func() bool {
+			infos, err := a.InspectNodes(context.Background(), k)
+			return err == nil && infos[0].Err == nil && infos[1].Err == nil && !infos[0].Info.Held && !infos[1].Info.Held
+		})
 		restore2()
 		rb := acquire(t, b, k, ttl)
-		if err := b.Release(ctxT(t, 10*time.Second), rb); err != nil {
+		if err := b.Release(locktest.Ctx(t, 10*time.Second), rb); err != nil {
 			t.Fatalf("Release: %v", err)
 		}
 		_ = ra
@@ -836,7 +865,7 @@ func TestFloorAgreement(t *testing.T) {
 	}
 	b := redlock.NewWithOptions(rdbs, redlock.WithNodeTimeout(time.Second))
 	t.Cleanup(func() { b.Close() })
-	k := key(t)
+	k := locktest.Key(t)
 	lock := redislock.New(rdbs[0]).LockName(k)
 	var last uint64
 	agreed := 0
@@ -857,14 +886,14 @@ func TestFloorAgreement(t *testing.T) {
 		if ok {
 			agreed++
 		}
-		info, err := b.Inspect(ctxT(t, 10*time.Second), k)
+		info, err := b.Inspect(locktest.Ctx(t, 10*time.Second), k)
 		if err != nil || !info.Held || info.Owner != r.Token || info.Fence != r.Fence {
 			t.Fatalf("Inspect: got %+v, %v, want held by %s with fence %d", info, err, r.Token, r.Fence)
 		}
-		if err := b.Refresh(ctxT(t, 10*time.Second), r); err != nil {
+		if err := b.Refresh(locktest.Ctx(t, 10*time.Second), r); err != nil {
 			t.Fatalf("Refresh: %v", err)
 		}
-		if err := b.Release(ctxT(t, 10*time.Second), r); err != nil {
+		if err := b.Release(locktest.Ctx(t, 10*time.Second), r); err != nil {
 			t.Fatalf("Release: %v", err)
 		}
 	}
@@ -886,7 +915,7 @@ func TestRefreshManyLargeBatch(t *testing.T) {
 		n = 1000 // still several node timeouts per batch
 	}
 	b := newBackend(t) // the default node timeout: 50ms for this TTL
-	base := key(t)
+	base := locktest.Key(t)
 	rs := make([]dlock.Request, n)
 	if err := scale.Each(n, 8, func(i int) error {
 		r := req(base+strconv.Itoa(i), time.Minute)
@@ -894,7 +923,7 @@ func TestRefreshManyLargeBatch(t *testing.T) {
 		// miss the 50ms node timeout, so an attempt that failed is retried
 		// (until the failed attempt's holds are given back in the
 		// background, the next one finds the lock held).
-		ctx := ctxT(t, 10*time.Second)
+		ctx := locktest.Ctx(t, 10*time.Second)
 		g, err := b.TryAcquire(ctx, r)
 		for (err != nil || !g.OK) && ctx.Err() == nil {
 			g, err = b.TryAcquire(ctx, r)
@@ -910,11 +939,11 @@ func TestRefreshManyLargeBatch(t *testing.T) {
 	}
 	t.Cleanup(func() {
 		for _, r := range rs {
-			b.Release(ctxT(t, 10*time.Second), r)
+			b.Release(locktest.Ctx(t, 10*time.Second), r)
 		}
 	})
 	start := time.Now()
-	errs := b.RefreshMany(ctxT(t, 30*time.Second), rs)
+	errs := b.RefreshMany(locktest.Ctx(t, 30*time.Second), rs)
 	failed := 0
 	for i, err := range errs {
 		if err != nil {
@@ -946,12 +975,12 @@ func TestManyLeasesAutoRenew(t *testing.T) {
 		n = 1000
 	}
 	c := newClient(t, nil, dlock.WithTTL(ttl))
-	base := key(t)
+	base := locktest.Key(t)
 	leases := make([]*dlock.Lease, n)
 	if err := scale.Each(n, 8, func(i int) error {
 		// An acquisition that a loaded node answered too late for fails
 		// (the quorum was not reached in time): try again.
-		ctx := ctxT(t, 30*time.Second)
+		ctx := locktest.Ctx(t, 30*time.Second)
 		for leases[i] == nil {
 			l, err := c.Acquire(ctx, base+strconv.Itoa(i))
 			if err != nil && ctx.Err() != nil {
@@ -965,7 +994,7 @@ func TestManyLeasesAutoRenew(t *testing.T) {
 	}
 	t.Cleanup(func() {
 		for _, l := range leases {
-			l.Release(ctxT(t, 10*time.Second))
+			l.Release(locktest.Ctx(t, 10*time.Second))
 		}
 	})
 	hold := time.NewTimer(3 * ttl)
