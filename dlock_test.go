@@ -14,6 +14,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/locktest"
 	"github.com/dlock-go/dlock/memlock"
 )
 
@@ -102,12 +103,9 @@ func TestInvalidOptions(t *testing.T) {
 func TestAcquireErrorMessages(t *testing.T) {
 	c := dlock.New(memlock.New(), dlock.WithWait(dlock.Limit(3, dlock.Constant(time.Millisecond))))
 	ctx := context.Background()
-	l, err := c.Acquire(ctx, "busy")
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := locktest.MustAcquire(t, ctx, c, "busy")
 	defer l.Release(ctx)
-	_, err = c.Acquire(ctx, "busy")
+	_, err := c.Acquire(ctx, "busy")
 	var ae *dlock.AcquireError
 	if !errors.As(err, &ae) || ae.Attempts != 3 || ae.Cause != nil {
 		t.Fatalf("gave up: got %#v, want AcquireError with 3 attempts and no cause", err)
@@ -202,10 +200,7 @@ func testLostOnTakeover(t *testing.T) {
 	c := dlock.New(store.Backend(), dlock.WithTTL(ttl), dlock.WithOnLost(func(_ *dlock.Lease, err error) { lostCause.Store(err) }))
 	defer c.Close()
 	ctx := context.Background()
-	l, err := c.Acquire(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := locktest.MustAcquire(t, ctx, c, "k")
 	work, cancel := l.Context(ctx)
 	defer cancel()
 	if err := store.Backend().Release(ctx, dlock.Request{Key: "k", Token: l.Owner()}); err != nil {
@@ -251,10 +246,7 @@ func testReentryAfterLoss(t *testing.T) {
 	c := dlock.New(store.Backend(), dlock.WithOwner("job-7"), dlock.WithTTL(50*time.Millisecond), dlock.WithAutoRenew(false))
 	defer c.Close()
 	ctx := context.Background()
-	l, err := c.Acquire(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := locktest.MustAcquire(t, ctx, c, "k")
 	<-l.Done()
 	if _, err := c.Acquire(ctx, "k"); !errors.Is(err, dlock.ErrLost) {
 		t.Fatalf("re-entry after loss: got %v, want ErrLost", err)
@@ -271,10 +263,7 @@ func TestCloseReleases(t *testing.T) {
 	store := memlock.NewStore()
 	c := dlock.New(store.Backend())
 	ctx := context.Background()
-	l, err := c.Acquire(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := locktest.MustAcquire(t, ctx, c, "k")
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -295,10 +284,7 @@ func TestLeaseConcurrentUse(t *testing.T) {
 	c := dlock.New(memlock.New(), dlock.WithTTL(50*time.Millisecond))
 	defer c.Close()
 	ctx := context.Background()
-	l, err := c.Acquire(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := locktest.MustAcquire(t, ctx, c, "k")
 	var wg sync.WaitGroup
 	var released atomic.Int32
 	for i := 0; i < 8; i++ {
@@ -328,10 +314,7 @@ func TestExpiresBound(t *testing.T) {
 	c := dlock.New(memlock.New(), dlock.WithTTL(time.Second))
 	defer c.Close()
 	before := time.Now()
-	l, err := c.Acquire(context.Background(), "k")
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := locktest.MustAcquire(t, context.Background(), c, "k")
 	defer l.Release(context.Background())
 	// invoke ≥ before, so Expires ≤ invoke + TTL − drift must hold for
 	// some invoke in [before, now].
@@ -428,20 +411,14 @@ func TestTTLLimiterDefault(t *testing.T) {
 	ctx := context.Background()
 	c := dlock.New(limited{memlock.New(), 5 * time.Second})
 	defer c.Close()
-	l, err := c.Acquire(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := locktest.MustAcquire(t, ctx, c, "k")
 	defer l.Release(ctx)
 	if l.TTL() != 5*time.Second {
 		t.Fatalf("TTL without WithTTL on a backend limited to 5s: got %v, want 5s", l.TTL())
 	}
 	c2 := dlock.New(limited{memlock.New(), 5 * time.Second}, dlock.WithTTL(2*time.Second))
 	defer c2.Close()
-	l2, err := c2.Acquire(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
+	l2 := locktest.MustAcquire(t, ctx, c2, "k")
 	defer l2.Release(ctx)
 	if l2.TTL() != 2*time.Second {
 		t.Fatalf("explicit TTL: got %v, want 2s", l2.TTL())

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/locktest"
 	"github.com/dlock-go/dlock/memlock"
 )
 
@@ -27,10 +28,7 @@ func TestMinHold(t *testing.T) {
 				other := dlock.New(store.Backend())
 				defer other.Close()
 				ctx := context.Background()
-				l, err := c.Acquire(ctx, "job")
-				if err != nil {
-					t.Fatal(err)
-				}
+				l := locktest.MustAcquire(t, ctx, c, "job")
 				if err := l.Release(ctx); err != nil {
 					t.Fatalf("Release within the minimum hold: %v", err)
 				}
@@ -61,10 +59,7 @@ func TestMaxHold(t *testing.T) {
 		other := dlock.New(store.Backend())
 		defer other.Close()
 		ctx := context.Background()
-		l, err := c.Acquire(ctx, "job")
-		if err != nil {
-			t.Fatal(err)
-		}
+		l := locktest.MustAcquire(t, ctx, c, "job")
 		work, cancel := l.Context(ctx)
 		defer cancel()
 		time.Sleep(900 * time.Millisecond)
@@ -109,10 +104,7 @@ func TestReleaseLostReturnsAtOnce(t *testing.T) {
 		store := memlock.NewStore()
 		c := dlock.New(store.Backend(), dlock.WithTTL(300*time.Millisecond))
 		ctx := context.Background()
-		l, err := c.Acquire(ctx, "k")
-		if err != nil {
-			t.Fatal(err)
-		}
+		l := locktest.MustAcquire(t, ctx, c, "k")
 		store.Pause()
 		<-l.Done()
 		start := time.Now()

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/locktest"
 	"github.com/dlock-go/dlock/memlock"
 )
 
@@ -27,10 +28,7 @@ func TestTTLLimiterReadAtAcquire(t *testing.T) {
 	c := dlock.New(b)
 	defer c.Close()
 	b.max.Store(int64(4 * time.Second)) // the session is established after New
-	l, err := c.Acquire(context.Background(), "k")
-	if err != nil {
-		t.Fatalf("Acquire with the default TTL: %v", err)
-	}
+	l := locktest.MustAcquire(t, context.Background(), c, "k")
 	defer l.Release(context.Background())
 	if l.TTL() != 4*time.Second {
 		t.Fatalf("TTL: got %v, want the backend's maximum 4s", l.TTL())
@@ -51,10 +49,7 @@ func TestTTLFloor(t *testing.T) {
 	if _, err := c.Acquire(ctx, "k", dlock.WithTTL(5*time.Millisecond)); !errors.Is(err, dlock.ErrInvalidTTL) {
 		t.Fatalf("Acquire below the floor: got %v, want ErrInvalidTTL", err)
 	}
-	l, err := c.Acquire(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := locktest.MustAcquire(t, ctx, c, "k")
 	defer l.Release(ctx)
 	if err := l.Refresh(ctx, 5*time.Millisecond); !errors.Is(err, dlock.ErrInvalidTTL) {
 		t.Fatalf("Refresh below the floor: got %v, want ErrInvalidTTL", err)
@@ -73,10 +68,7 @@ func TestRefreshShorterRenewsSooner(t *testing.T) {
 		c := dlock.New(b, dlock.WithTTL(3*time.Second))
 		defer c.Close()
 		ctx := context.Background()
-		l, err := c.Acquire(ctx, "k")
-		if err != nil {
-			t.Fatal(err)
-		}
+		l := locktest.MustAcquire(t, ctx, c, "k")
 		if err := l.Refresh(ctx, 300*time.Millisecond); err != nil {
 			t.Fatal(err)
 		}
@@ -105,14 +97,8 @@ func TestReentryKeepsDeadline(t *testing.T) {
 		c := dlock.New(store.Backend(), dlock.WithOwner("job-1"), dlock.WithAutoRenew(false))
 		defer c.Close()
 		ctx := context.Background()
-		outer, err := c.Acquire(ctx, "k", dlock.WithTTL(2*time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
-		inner, err := c.Acquire(ctx, "k", dlock.WithTTL(300*time.Millisecond))
-		if err != nil {
-			t.Fatal(err)
-		}
+		outer := locktest.MustAcquire(t, ctx, c, "k", dlock.WithTTL(2*time.Second))
+		inner := locktest.MustAcquire(t, ctx, c, "k", dlock.WithTTL(300*time.Millisecond))
 		if inner.Count() != 2 || inner.Fence() != outer.Fence() {
 			t.Fatalf("re-entry: count %d fence %d, want 2 and %d", inner.Count(), inner.Fence(), outer.Fence())
 		}
@@ -178,10 +164,7 @@ func TestTryAcquireWhileOwnerWaits(t *testing.T) {
 		holder := dlock.New(store.Backend())
 		defer holder.Close()
 		ctx := context.Background()
-		h, err := holder.Acquire(ctx, "k")
-		if err != nil {
-			t.Fatal(err)
-		}
+		h := locktest.MustAcquire(t, ctx, holder, "k")
 		c := dlock.New(store.Backend(), dlock.WithOwner("job-1"))
 		defer c.Close()
 		wctx, cancel := context.WithCancel(ctx)
@@ -224,10 +207,7 @@ func TestCloseEndsLeasesFirst(t *testing.T) {
 	b := &gatedRelease{Backend: store.Backend(), started: make(chan struct{}, 1), gate: make(chan struct{})}
 	c := dlock.New(b)
 	ctx := context.Background()
-	l, err := c.Acquire(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := locktest.MustAcquire(t, ctx, c, "k")
 	work, cancel := l.Context(ctx)
 	defer cancel()
 	closed := make(chan error, 1)
@@ -267,14 +247,8 @@ func TestConcurrentReleasesGiveBackOneShare(t *testing.T) {
 	defer other.Close()
 	ctx := context.Background()
 	for round := 0; round < 300; round++ {
-		h1, err := a.Acquire(ctx, "k")
-		if err != nil {
-			t.Fatal(err)
-		}
-		h2, err := a.Acquire(ctx, "k")
-		if err != nil {
-			t.Fatal(err)
-		}
+		h1 := locktest.MustAcquire(t, ctx, a, "k")
+		h2 := locktest.MustAcquire(t, ctx, a, "k")
 		hb, err := b.Acquire(ctx, "k") // a share of its own on the server
 		if err != nil {
 			t.Fatal(err)

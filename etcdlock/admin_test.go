@@ -7,14 +7,15 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/locktest"
 )
 
 // Inspect reports the holder (owner, fence, count, TTL left) and the
 // number of queued waiters, and a free lock as not held.
 func TestInspect(t *testing.T) {
-	key := uniqueKey(t)
+	key := locktest.Key(t)
 	b, _ := newBackend(t)
-	info, err := b.Inspect(ctxT(t, 5*time.Second), key)
+	info, err := b.Inspect(locktest.Ctx(t, 5*time.Second), key)
 	if err != nil || info.Held || info.Key != key || info.Waiters != 0 {
 		t.Fatalf("Inspect of a free lock: got %+v, %v, want not held, key %q, 0 waiters", info, err, key)
 	}
@@ -37,9 +38,9 @@ func TestInspect(t *testing.T) {
 		}()
 	}
 	cli := newCli(t, srv.Endpoints())
-	waitFor(t, 10*time.Second, "two waiters queued", func() bool { return entries(t, cli, key) == 3 })
+	locktest.WaitFor(t, 10*time.Second, "two waiters queued", func() bool { return entries(t, cli, key) == 3 })
 
-	info, err = b.Inspect(ctxT(t, 5*time.Second), key)
+	info, err = b.Inspect(locktest.Ctx(t, 5*time.Second), key)
 	if err != nil {
 		t.Fatalf("Inspect: %v", err)
 	}
@@ -61,27 +62,17 @@ func TestInspect(t *testing.T) {
 // reported lost (without a renewal of its own), the next waiter gets the
 // lock, and a free lock is reported as nothing removed.
 func TestForceRelease(t *testing.T) {
-	key := uniqueKey(t)
+	key := locktest.Key(t)
 	c, _ := newClient(t, srv.Endpoints())
-	l, err := c.Acquire(ctxT(t, 10*time.Second), key)
-	if err != nil {
-		t.Fatalf("Acquire: %v", err)
-	}
+	l := locktest.MustAcquire(t, locktest.Ctx(t, 10*time.Second), c, key)
 	// A waiter on another Client.
 	c2, _ := newClient(t, srv.Endpoints())
-	got := make(chan *dlock.Lease, 1)
-	go func() {
-		l2, err := c2.Acquire(ctxT(t, 30*time.Second), key)
-		if err != nil {
-			t.Errorf("waiter's Acquire: %v", err)
-		}
-		got <- l2
-	}()
+	wait := locktest.Go(func() (*dlock.Lease, error) { return c2.Acquire(locktest.Ctx(t, 30*time.Second), key) })
 	cli := newCli(t, srv.Endpoints())
-	waitFor(t, 10*time.Second, "waiter queued", func() bool { return entries(t, cli, key) == 2 })
+	locktest.WaitFor(t, 10*time.Second, "waiter queued", func() bool { return entries(t, cli, key) == 2 })
 
 	admin, _ := newBackend(t)
-	info, err := admin.ForceRelease(ctxT(t, 5*time.Second), key)
+	info, err := admin.ForceRelease(locktest.Ctx(t, 5*time.Second), key)
 	if err != nil {
 		t.Fatalf("ForceRelease: %v", err)
 	}
@@ -96,17 +87,14 @@ func TestForceRelease(t *testing.T) {
 	case <-time.After(time.Until(l.Expires())):
 		t.Errorf("holder's lease not reported lost by its Expires, after a force release")
 	}
-	l2 := <-got
-	if l2 == nil {
-		t.FailNow()
-	}
+	l2 := locktest.Granted(t, wait, 30*time.Second)
 	if l2.Fence() <= l.Fence() {
 		t.Errorf("waiter's fence %d, want above %d", l2.Fence(), l.Fence())
 	}
-	if err := l2.Release(ctxT(t, 5*time.Second)); err != nil {
+	if err := l2.Release(locktest.Ctx(t, 5*time.Second)); err != nil {
 		t.Errorf("waiter's Release: %v", err)
 	}
-	info, err = admin.ForceRelease(ctxT(t, 5*time.Second), key)
+	info, err = admin.ForceRelease(locktest.Ctx(t, 5*time.Second), key)
 	if err != nil || info.Held {
 		t.Errorf("ForceRelease of a free lock: got %+v, %v, want not held", info, err)
 	}

@@ -12,7 +12,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -24,6 +23,8 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/etcdlock"
+	"github.com/dlock-go/dlock/internal/locktest"
+	"github.com/dlock-go/dlock/internal/locktest/handoff"
 	"github.com/dlock-go/dlock/internal/scale"
 	"github.com/dlock-go/dlock/internal/testserver"
 )
@@ -62,11 +63,7 @@ import (
 // fsyncs queued before it. TMPDIR=/dev/shm puts the test server's data
 // directory on tmpfs, which takes a disk shared with other work out of the
 // comparison (an additional figure, not a replacement).
-func BenchmarkHandoff(b *testing.B) {
-	for _, n := range []int{16, 2} {
-		b.Run(fmt.Sprintf("workers=%d", n), func(b *testing.B) { benchHandoff(b, n) })
-	}
-}
+func BenchmarkHandoff(b *testing.B) { handoff.Run(b, benchHandoff) }
 
 func benchHandoff(b *testing.B, workers int) {
 	const (
@@ -84,27 +81,12 @@ func benchHandoff(b *testing.B, workers int) {
 		slice = d
 	}
 	rounds := max(int(10*time.Second/slice), 1)
-	key := uniqueKey(b)
+	key := locktest.Key(b)
 	newOurs := func(p etcdlock.Protocol) *contenders {
-		return newContenders(workers, hold, func() contender {
+		return newContenders(workers, hold, func() handoff.Worker {
 			eb := etcdlock.New(newCli(b, srv.Endpoints()))
 			etcdlock.SetProtocol(eb, p)
-			c := dlock.New(eb, dlock.WithTTL(ttl))
-			var l *dlock.Lease
-			return contender{
-				lock: func() {
-					var err error
-					if l, err = c.Acquire(context.Background(), key); err != nil {
-						b.Error(err)
-					}
-				},
-				unlock: func() {
-					if err := l.Release(context.Background()); err != nil {
-						b.Error(err)
-					}
-				},
-				close: func() { c.Close() },
-			}
+			return handoff.ClientWorker(b, dlock.New(eb, dlock.WithTTL(ttl)), key)
 		})
 	}
 	// The sets take turns, in a rotating order. etcdlock runs with its
@@ -113,121 +95,70 @@ func benchHandoff(b *testing.B, workers int) {
 	// each saves.
 	perWait := etcdlock.AllOn
 	perWait.AnchorStream, perWait.ShareWatches = false, false
-	sets := []*contenders{newOurs(etcdlock.AllOn), newOurs(perWait), newOurs(etcdlock.Protocol{}), newContenders(workers, hold, func() contender {
+	sets := []*contenders{newOurs(etcdlock.AllOn), newOurs(perWait), newOurs(etcdlock.Protocol{}), newContenders(workers, hold, func() handoff.Worker {
 		s, err := concurrency.NewSession(newCli(b, srv.Endpoints()), concurrency.WithTTL(int(ttl/time.Second)))
 		if err != nil {
 			b.Fatalf("NewSession: %v", err)
 		}
 		m := concurrency.NewMutex(s, "/bench-mutex/"+key)
-		return contender{
-			lock: func() {
+		return handoff.Worker{
+			Lock: func() {
 				if err := m.Lock(context.Background()); err != nil {
 					b.Error(err)
 				}
 			},
-			unlock: func() {
+			Unlock: func() {
 				if err := m.Unlock(context.Background()); err != nil {
 					b.Error(err)
 				}
 			},
-			close: func() { s.Close() },
+			Close: func() { s.Close() },
 		}
 	})}
 	names := []string{"etcdlock", "etcdlock (watches per wait)", "etcdlock (all switches off)", "concurrency.Mutex"}
 	for _, c := range sets {
-		defer c.close()
+		defer c.Close()
 	}
-	run := func(i int) float64 { return sets[i].run(slice) }
-	for range 4 { // warm-up: connections, leases
-		for i := range sets {
-			run(i)
-		}
-	}
-	rates := make([][]float64, len(sets))
-	ratios := make([][]float64, len(sets)) // to the peer, per round
-	for r := range rounds {
-		got := make([]float64, len(sets))
-		for k := range sets {
-			i := (r + k) % len(sets)
-			got[i] = run(i)
-		}
-		peer := got[len(sets)-1]
-		for i := range sets {
-			rates[i] = append(rates[i], got[i])
-			ratios[i] = append(ratios[i], got[i]/peer)
-		}
-	}
+	rates, ratios := handoff.Rounds(len(sets), rounds, func(i int) float64 { return sets[i].run(slice) })
 	if b.Failed() {
 		return
 	}
 	b.ReportMetric(0, "ns/op")
 	for i, name := range names {
 		b.Logf("%-28s hand-offs/s per slice: %.0f", name, rates[i])
-		b.Logf("%-28s median %.0f/s, median ratio to the peer %.2f; per grant: %s", name, median(rates[i]), median(ratios[i]), sets[i].srv.per(sets[i].total))
+		b.Logf("%-28s median %.0f/s, median ratio to the peer %.2f; per grant: %s", name, handoff.Median(rates[i]), handoff.Median(ratios[i]), sets[i].srv.per(sets[i].Total))
 	}
-	b.ReportMetric(median(rates[0]), "etcdlock-handoffs/s")
-	b.ReportMetric(median(rates[len(sets)-1]), "Mutex-handoffs/s")
-	b.ReportMetric(median(ratios[0]), "median-ratio")
-	b.ReportMetric(median(ratios[2]), "legacy-median-ratio")
-	b.ReportMetric(sets[0].srv.requests()/float64(max(sets[0].total, 1)), "etcdlock-rpcs/op")
-	b.ReportMetric(sets[2].srv.requests()/float64(max(sets[2].total, 1)), "legacy-rpcs/op")
+	b.ReportMetric(handoff.Median(rates[0]), "etcdlock-handoffs/s")
+	b.ReportMetric(handoff.Median(rates[len(sets)-1]), "Mutex-handoffs/s")
+	b.ReportMetric(handoff.Median(ratios[0]), "median-ratio")
+	b.ReportMetric(handoff.Median(ratios[2]), "legacy-median-ratio")
+	b.ReportMetric(sets[0].srv.requests()/float64(max(sets[0].Total, 1)), "etcdlock-rpcs/op")
+	b.ReportMetric(sets[2].srv.requests()/float64(max(sets[2].Total, 1)), "legacy-rpcs/op")
 }
 
-// contenders are goroutines that take turns holding one lock, each with
-// its own connection, while run lets them.
+// contenders are a handoff.Set and what the etcd server counted while
+// it ran.
 type contenders struct {
-	hold    time.Duration
-	workers []contender
-	grants  atomic.Int64
-	total   int64       // grants over every run
-	srv     etcdMetrics // what the server counted during the runs
+	*handoff.Set
+	srv etcdMetrics
 }
 
-type contender struct{ lock, unlock, close func() }
-
-func newContenders(n int, hold time.Duration, setup func() contender) *contenders {
-	c := &contenders{hold: hold, srv: etcdMetrics{rpcs: make(map[string]float64)}}
-	for range n {
-		c.workers = append(c.workers, setup())
+// newContenders returns n workers made by newWorker, each holding the
+// lock for hold.
+func newContenders(n int, hold time.Duration, newWorker func() handoff.Worker) *contenders {
+	return &contenders{
+		Set: handoff.NewSet(n, func() { time.Sleep(hold) }, newWorker), // the holder's work
+		srv: etcdMetrics{rpcs: make(map[string]float64)},
 	}
-	return c
 }
 
-// run lets the workers contend for d and returns the grants per second,
-// counting the grants of the workers' last turns too.
+// run runs the set for d and returns its grants per second, adding what
+// the server counted meanwhile to c.srv.
 func (c *contenders) run(d time.Duration) float64 {
-	var (
-		stop atomic.Bool
-		wg   sync.WaitGroup
-	)
 	before := scrape()
-	c.grants.Store(0)
-	began := time.Now()
-	for _, w := range c.workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for !stop.Load() {
-				w.lock()
-				c.grants.Add(1)
-				time.Sleep(c.hold)
-				w.unlock()
-			}
-		}()
-	}
-	time.Sleep(d)
-	stop.Store(true)
-	wg.Wait()
-	rate := float64(c.grants.Load()) / time.Since(began).Seconds()
-	c.total += c.grants.Load()
+	rate := c.Run(d)
 	c.srv.add(scrape(), before)
 	return rate
-}
-
-func (c *contenders) close() {
-	for _, w := range c.workers {
-		w.close()
-	}
 }
 
 // etcdMetrics are counters from the etcd server's /metrics.
@@ -328,19 +259,6 @@ func (m *etcdMetrics) per(n int64) string {
 		m.requests()/f, strings.Join(parts, ", "), m.fsyncs/f, m.fsyncSec*1e3/f, m.srvCPU*1e3/f, m.cliCPU*1e3/f)
 }
 
-func median(xs []float64) float64 {
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	n := len(s)
-	if n == 0 {
-		return 0
-	}
-	if n%2 == 1 {
-		return s[n/2]
-	}
-	return (s[n/2-1] + s[n/2]) / 2
-}
-
 // BenchmarkManyHeld holds many leases through one dlock.Client (auto-renew,
 // TTL 10 s) on one Backend, like the bench module's S5, and reports per
 // lease the heap growth and goroutines, and the round trips the client
@@ -405,7 +323,7 @@ func benchManyHeld(b *testing.B, n int, hold time.Duration, prefixWatchMin int) 
 	etcdlock.SetPrefixWatchMin(eb, prefixWatchMin)
 	c := dlock.New(eb, dlock.WithTTL(ttl))
 	defer c.Close()
-	prefix := uniqueKey(b) + "-"
+	prefix := locktest.Key(b) + "-"
 	// Warm up: lease, connections, watch streams.
 	if l, err := c.Acquire(context.Background(), prefix+"warm"); err != nil {
 		b.Fatalf("Acquire: %v", err)
@@ -437,7 +355,7 @@ func benchManyHeld(b *testing.B, n int, hold time.Duration, prefixWatchMin int) 
 	var srvDuring etcdMetrics // what the server received during the hold
 	srvDuring.rpcs = make(map[string]float64)
 	before := scrape()
-	time.Sleep(hold)
+	time.Sleep(hold) // the measured hold: the watchdog renews meanwhile
 	held := rts.Load()
 	srvDuring.add(scrape(), before)
 	lost := 0

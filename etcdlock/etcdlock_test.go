@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,17 +13,13 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/etcdlock"
+	"github.com/dlock-go/dlock/internal/locktest"
 )
-
-// uniqueKey returns a lock key unique to the test, without "/" or "%".
-func uniqueKey(t testing.TB) string {
-	return strings.NewReplacer("/", ".", "%", ".").Replace(t.Name()) + "." + rand.Text()[:8]
-}
 
 // entry reads the etcd key of lease l.
 func entry(t testing.TB, cli *clientv3.Client, b *etcdlock.Backend, l *dlock.Lease) (exists bool, createRev, leaseID int64, value string) {
 	t.Helper()
-	resp, err := cli.Get(ctxT(t, 5*time.Second), b.LockKey(l.Key(), l.Owner()))
+	resp, err := cli.Get(locktest.Ctx(t, 5*time.Second), b.LockKey(l.Key(), l.Owner()))
 	if err != nil {
 		t.Fatalf("get entry of %q: %v", l.Key(), err)
 	}
@@ -35,103 +30,18 @@ func entry(t testing.TB, cli *clientv3.Client, b *etcdlock.Backend, l *dlock.Lea
 	return true, kv.CreateRevision, kv.Lease, string(kv.Value)
 }
 
-// TestFIFOExact queues waiters, each on its own connection, in a known
-// order (each one's queue entry exists before the next starts) and checks
-// that they are granted exactly in that order.
-func TestFIFOExact(t *testing.T) {
-	const n = 8
-	key := uniqueKey(t)
-	cli := newCli(t, srv.Endpoints())
-	holderC, _ := newClient(t, srv.Endpoints())
-	holder, err := holderC.Acquire(ctxT(t, 10*time.Second), key)
-	if err != nil {
-		t.Fatalf("Acquire holder: %v", err)
-	}
-	var (
-		mu    sync.Mutex
-		order []int
-		wg    sync.WaitGroup
-	)
-	errs := make(chan error, n)
-	ctx := ctxT(t, 30*time.Second)
-	for i := range n {
-		c, _ := newClient(t, srv.Endpoints())
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			l, err := c.Acquire(ctx, key)
-			if err != nil {
-				errs <- fmt.Errorf("waiter %d: %w", i, err)
-				return
-			}
-			mu.Lock()
-			order = append(order, i)
-			mu.Unlock()
-			if err := l.Release(ctx); err != nil {
-				errs <- fmt.Errorf("waiter %d: Release: %w", i, err)
-			}
-		}()
-		waitFor(t, 10*time.Second, fmt.Sprintf("waiter %d queued", i), func() bool { return entries(t, cli, key) == int64(i+2) })
-	}
-	if err := holder.Release(ctx); err != nil {
-		t.Fatalf("Release holder: %v", err)
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
-	for i, got := range order {
-		if got != i {
-			t.Fatalf("grant order: got %v, want 0..%d in order", order, n-1)
-		}
-	}
-}
-
-// TestCancelledWaiterRemoved checks that a cancelled waiter's queue entry
-// is gone by the time Acquire returns.
-func TestCancelledWaiterRemoved(t *testing.T) {
-	key := uniqueKey(t)
-	cli := newCli(t, srv.Endpoints())
-	a, _ := newClient(t, srv.Endpoints())
-	holder, err := a.Acquire(ctxT(t, 10*time.Second), key)
-	if err != nil {
-		t.Fatalf("Acquire: %v", err)
-	}
-	defer holder.Release(context.Background())
-	w, _ := newClient(t, srv.Endpoints())
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan error, 1)
-	go func() {
-		_, err := w.Acquire(ctx, key)
-		done <- err
-	}()
-	waitFor(t, 10*time.Second, "waiter queued", func() bool { return entries(t, cli, key) == 2 })
-	cancel()
-	if err := <-done; !errors.Is(err, context.Canceled) || !errors.Is(err, dlock.ErrNotAcquired) {
-		t.Fatalf("cancelled Acquire: got %v, want ErrNotAcquired and context.Canceled", err)
-	}
-	if got := entries(t, cli, key); got != 1 {
-		t.Fatalf("entries right after the cancelled Acquire returned: got %d, want 1 (the holder)", got)
-	}
-}
-
 // TestReleaseNeverDeletesNewerIncarnation: the holder's lease is revoked,
 // the same owner takes the lock again through another connection (the
 // same etcd key, a newer create revision), and the old hold's Release must
 // leave the new incarnation alone (etcd issue #22082).
 func TestReleaseNeverDeletesNewerIncarnation(t *testing.T) {
-	key := uniqueKey(t)
+	key := locktest.Key(t)
 	owner := "owner-" + rand.Text()[:8]
 	cli := newCli(t, srv.Endpoints())
 	oldC, oldB := newClient(t, srv.Endpoints(), dlock.WithOwner(owner))
-	old, err := oldC.Acquire(ctxT(t, 10*time.Second), key)
-	if err != nil {
-		t.Fatalf("Acquire: %v", err)
-	}
+	old := locktest.MustAcquire(t, locktest.Ctx(t, 10*time.Second), oldC, key)
 	_, oldRev, leaseID, _ := entry(t, cli, oldB, old)
-	if _, err := cli.Revoke(ctxT(t, 5*time.Second), clientv3.LeaseID(leaseID)); err != nil {
+	if _, err := cli.Revoke(locktest.Ctx(t, 5*time.Second), clientv3.LeaseID(leaseID)); err != nil {
 		t.Fatalf("Revoke: %v", err)
 	}
 	select {
@@ -144,10 +54,7 @@ func TestReleaseNeverDeletesNewerIncarnation(t *testing.T) {
 	}
 
 	newC, newB := newClient(t, srv.Endpoints(), dlock.WithOwner(owner))
-	cur, err := newC.Acquire(ctxT(t, 10*time.Second), key)
-	if err != nil {
-		t.Fatalf("Acquire by the new holder: %v", err)
-	}
+	cur := locktest.MustAcquire(t, locktest.Ctx(t, 10*time.Second), newC, key)
 	defer cur.Release(context.Background())
 	if oldB.LockKey(key, owner) != newB.LockKey(key, owner) {
 		t.Fatalf("LockKey: got %q and %q, want the same etcd key", oldB.LockKey(key, owner), newB.LockKey(key, owner))
@@ -158,17 +65,17 @@ func TestReleaseNeverDeletesNewerIncarnation(t *testing.T) {
 
 	// The stale release, straight at the backend and through the lease.
 	req := dlock.Request{Key: key, Token: owner, TTL: ttl, Reentrant: true, Fence: uint64(oldRev)}
-	if err := oldB.Release(ctxT(t, 5*time.Second), req); !errors.Is(err, dlock.ErrNotHeld) {
+	if err := oldB.Release(locktest.Ctx(t, 5*time.Second), req); !errors.Is(err, dlock.ErrNotHeld) {
 		t.Fatalf("Backend.Release with the old fence: got %v, want ErrNotHeld", err)
 	}
 	req.Reentrant = false
-	if err := oldB.Release(ctxT(t, 5*time.Second), req); !errors.Is(err, dlock.ErrNotHeld) {
+	if err := oldB.Release(locktest.Ctx(t, 5*time.Second), req); !errors.Is(err, dlock.ErrNotHeld) {
 		t.Fatalf("Backend.Release (not reentrant) with the old fence: got %v, want ErrNotHeld", err)
 	}
-	if err := oldB.Refresh(ctxT(t, 5*time.Second), req); !errors.Is(err, dlock.ErrNotHeld) {
+	if err := oldB.Refresh(locktest.Ctx(t, 5*time.Second), req); !errors.Is(err, dlock.ErrNotHeld) {
 		t.Fatalf("Backend.Refresh with the old fence: got %v, want ErrNotHeld", err)
 	}
-	if err := old.Release(ctxT(t, 5*time.Second)); !errors.Is(err, dlock.ErrLost) {
+	if err := old.Release(locktest.Ctx(t, 5*time.Second)); !errors.Is(err, dlock.ErrLost) {
 		t.Fatalf("Lease.Release of the lost lease: got %v, want ErrLost", err)
 	}
 	exists, rev, _, _ := entry(t, cli, newB, cur)
@@ -186,11 +93,11 @@ func TestReleaseNeverDeletesNewerIncarnation(t *testing.T) {
 func TestLeaseRevokedAllLost(t *testing.T) {
 	cli := newCli(t, srv.Endpoints())
 	c, b := newClient(t, srv.Endpoints())
-	ctx := ctxT(t, 10*time.Second)
+	ctx := locktest.Ctx(t, 10*time.Second)
 	var leases []*dlock.Lease
 	var leaseID int64
 	for i := range 3 {
-		l, err := c.Acquire(ctx, fmt.Sprintf("%s.%d", uniqueKey(t), i))
+		l, err := c.Acquire(ctx, fmt.Sprintf("%s.%d", locktest.Key(t), i))
 		if err != nil {
 			t.Fatalf("Acquire %d: %v", i, err)
 		}
@@ -218,10 +125,7 @@ func TestLeaseRevokedAllLost(t *testing.T) {
 			t.Fatalf("lock %d: Refresh got %v, want ErrNotHeld", i, err)
 		}
 	}
-	l, err := c.Acquire(ctx, uniqueKey(t))
-	if err != nil {
-		t.Fatalf("Acquire after the revocation: %v", err)
-	}
+	l := locktest.MustAcquire(t, ctx, c, locktest.Key(t))
 	defer l.Release(context.Background())
 	if _, _, id, _ := entry(t, cli, b, l); id == leaseID || id == 0 {
 		t.Fatalf("lease after revocation: got %x, want a new lease (old %x)", id, leaseID)
@@ -234,10 +138,10 @@ func TestLeaseRevokedAllLost(t *testing.T) {
 func TestOneLeasePerTTL(t *testing.T) {
 	cli := newCli(t, srv.Endpoints())
 	c, b := newClient(t, srv.Endpoints(), dlock.WithAutoRenew(false))
-	ctx := ctxT(t, 10*time.Second)
+	ctx := locktest.Ctx(t, 10*time.Second)
 	acquire := func(ttl time.Duration) (*dlock.Lease, int64) {
 		t.Helper()
-		l, err := c.Acquire(ctx, uniqueKey(t), dlock.WithTTL(ttl))
+		l, err := c.Acquire(ctx, locktest.Key(t), dlock.WithTTL(ttl))
 		if err != nil {
 			t.Fatalf("Acquire(TTL %v): %v", ttl, err)
 		}
@@ -280,11 +184,11 @@ func TestOneLeasePerTTL(t *testing.T) {
 // TestMinTTL: below etcd's minimum the error names the minimum.
 func TestMinTTL(t *testing.T) {
 	c, b := newClient(t, srv.Endpoints())
-	_, err := c.Acquire(ctxT(t, 5*time.Second), uniqueKey(t), dlock.WithTTL(1500*time.Millisecond))
+	_, err := c.Acquire(locktest.Ctx(t, 5*time.Second), locktest.Key(t), dlock.WithTTL(1500*time.Millisecond))
 	if !errors.Is(err, dlock.ErrInvalidTTL) || !strings.Contains(err.Error(), etcdlock.MinTTL.String()) {
 		t.Fatalf("Acquire with TTL 1.5s: got %v, want ErrInvalidTTL naming %v", err, etcdlock.MinTTL)
 	}
-	_, err = b.TryAcquire(ctxT(t, 5*time.Second), dlock.Request{Key: "k", Token: "t", TTL: time.Second})
+	_, err = b.TryAcquire(locktest.Ctx(t, 5*time.Second), dlock.Request{Key: "k", Token: "t", TTL: time.Second})
 	if !errors.Is(err, dlock.ErrInvalidTTL) || !strings.HasPrefix(err.Error(), "etcdlock: ") {
 		t.Fatalf("TryAcquire with TTL 1s: got %v, want an etcdlock error matching ErrInvalidTTL", err)
 	}
@@ -295,8 +199,8 @@ func TestMinTTL(t *testing.T) {
 func TestGuard(t *testing.T) {
 	cli := newCli(t, srv.Endpoints())
 	c, b := newClient(t, srv.Endpoints())
-	ctx := ctxT(t, 10*time.Second)
-	key := uniqueKey(t)
+	ctx := locktest.Ctx(t, 10*time.Second)
+	key := locktest.Key(t)
 	res := "/resource/" + key
 	var writeVia func(b *etcdlock.Backend, l *dlock.Lease, v string) bool
 	write := func(l *dlock.Lease, v string) bool {
@@ -311,10 +215,7 @@ func TestGuard(t *testing.T) {
 		}
 		return resp.Succeeded
 	}
-	l, err := c.Acquire(ctx, key)
-	if err != nil {
-		t.Fatalf("Acquire: %v", err)
-	}
+	l := locktest.MustAcquire(t, ctx, c, key)
 	if !write(l, "1") {
 		t.Fatal("guarded write while holding: got refused, want applied")
 	}
@@ -325,10 +226,7 @@ func TestGuard(t *testing.T) {
 		t.Fatal("guarded write after Release: got applied, want refused")
 	}
 	c2, b2 := newClient(t, srv.Endpoints())
-	l2, err := c2.Acquire(ctx, key)
-	if err != nil {
-		t.Fatalf("Acquire by another client: %v", err)
-	}
+	l2 := locktest.MustAcquire(t, ctx, c2, key)
 	defer l2.Release(context.Background())
 	if write(l, "3") {
 		t.Fatal("guarded write with the old lease while another holds the lock: got applied, want refused")
@@ -354,30 +252,27 @@ func TestGuard(t *testing.T) {
 // revision unchanged (no transient queue entry).
 func TestTryAcquireWritesNothing(t *testing.T) {
 	cli := newCli(t, srv.Endpoints())
-	key := uniqueKey(t)
+	key := locktest.Key(t)
 	a, _ := newClient(t, srv.Endpoints())
-	l, err := a.Acquire(ctxT(t, 10*time.Second), key)
-	if err != nil {
-		t.Fatalf("Acquire: %v", err)
-	}
+	l := locktest.MustAcquire(t, locktest.Ctx(t, 10*time.Second), a, key)
 	defer l.Release(context.Background())
 	b := etcdlock.New(newCli(t, srv.Endpoints()))
 	defer b.Close()
 	req := dlock.Request{Key: key, Token: "other", TTL: ttl}
 	// Grant the second Backend's lease first: a grant is not a write, but
 	// keep the measured call to the TryAcquire itself.
-	if _, err := b.TryAcquire(ctxT(t, 5*time.Second), req); err != nil {
+	if _, err := b.TryAcquire(locktest.Ctx(t, 5*time.Second), req); err != nil {
 		t.Fatalf("TryAcquire: %v", err)
 	}
-	before, err := cli.Get(ctxT(t, 5*time.Second), "any")
+	before, err := cli.Get(locktest.Ctx(t, 5*time.Second), "any")
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, err := b.TryAcquire(ctxT(t, 5*time.Second), req)
+	g, err := b.TryAcquire(locktest.Ctx(t, 5*time.Second), req)
 	if err != nil || g.OK {
 		t.Fatalf("TryAcquire on a held lock: got %+v, %v, want not OK and no error", g, err)
 	}
-	after, err := cli.Get(ctxT(t, 5*time.Second), "any")
+	after, err := cli.Get(locktest.Ctx(t, 5*time.Second), "any")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -389,8 +284,8 @@ func TestTryAcquireWritesNothing(t *testing.T) {
 // TestKeysAreEscaped: the lock "a" is not held by the lock "a/b".
 func TestKeysAreEscaped(t *testing.T) {
 	c, b := newClient(t, srv.Endpoints())
-	ctx := ctxT(t, 10*time.Second)
-	base := uniqueKey(t)
+	ctx := locktest.Ctx(t, 10*time.Second)
+	base := locktest.Key(t)
 	inner, err := c.Acquire(ctx, base+"/b")
 	if err != nil {
 		t.Fatalf("Acquire %q: %v", base+"/b", err)
@@ -415,12 +310,9 @@ func TestReentrantCount(t *testing.T) {
 	owner := "job-" + rand.Text()[:6]
 	c, b := newClient(t, srv.Endpoints(), dlock.WithOwner(owner))
 	c2, _ := newClient(t, srv.Endpoints(), dlock.WithOwner(owner))
-	ctx := ctxT(t, 10*time.Second)
-	key := uniqueKey(t)
-	l1, err := c.Acquire(ctx, key)
-	if err != nil {
-		t.Fatalf("Acquire: %v", err)
-	}
+	ctx := locktest.Ctx(t, 10*time.Second)
+	key := locktest.Key(t)
+	l1 := locktest.MustAcquire(t, ctx, c, key)
 	l2, err := c2.Acquire(ctx, key)
 	if err != nil {
 		t.Fatalf("nested Acquire: %v", err)
@@ -453,23 +345,17 @@ func TestReentrantCount(t *testing.T) {
 // another lock.
 func TestAbandonedLockFreed(t *testing.T) {
 	c, _ := newClient(t, srv.Endpoints())
-	ctx := ctxT(t, 20*time.Second)
-	keep, err := c.Acquire(ctx, uniqueKey(t)) // renewed: keeps the lease alive
+	ctx := locktest.Ctx(t, 20*time.Second)
+	keep, err := c.Acquire(ctx, locktest.Key(t)) // renewed: keeps the lease alive
 	if err != nil {
 		t.Fatalf("Acquire: %v", err)
 	}
 	defer keep.Release(context.Background())
-	key := uniqueKey(t)
-	l, err := c.Acquire(ctx, key, dlock.WithAutoRenew(false))
-	if err != nil {
-		t.Fatalf("Acquire: %v", err)
-	}
+	key := locktest.Key(t)
+	l := locktest.MustAcquire(t, ctx, c, key, dlock.WithAutoRenew(false))
 	<-l.Done()
 	other, _ := newClient(t, srv.Endpoints())
-	l2, err := other.Acquire(ctx, key)
-	if err != nil {
-		t.Fatalf("Acquire after the deadline: %v", err)
-	}
+	l2 := locktest.MustAcquire(t, ctx, other, key)
 	defer l2.Release(context.Background())
 	if late := time.Since(l.Expires()); late > 500*time.Millisecond {
 		t.Fatalf("lock freed %v after the abandoned lease's Expires, want within 500ms", late)
@@ -519,13 +405,10 @@ func TestOptions(t *testing.T) {
 // answer returns promptly, and its entry is gone soon after the server is
 // back (deleted in the background, or expired with its lease).
 func TestCancelWhileServerPaused(t *testing.T) {
-	key := uniqueKey(t)
+	key := locktest.Key(t)
 	cli := newCli(t, srv.Endpoints())
 	a, _ := newClient(t, srv.Endpoints(), dlock.WithTTL(30*time.Second))
-	holder, err := a.Acquire(ctxT(t, 10*time.Second), key)
-	if err != nil {
-		t.Fatalf("Acquire: %v", err)
-	}
+	holder := locktest.MustAcquire(t, locktest.Ctx(t, 10*time.Second), a, key)
 	defer holder.Release(context.Background())
 	w, _ := newClient(t, srv.Endpoints())
 	ctx, cancel := context.WithCancel(context.Background())
@@ -535,7 +418,7 @@ func TestCancelWhileServerPaused(t *testing.T) {
 		_, err := w.Acquire(ctx, key)
 		done <- err
 	}()
-	waitFor(t, 10*time.Second, "waiter queued", func() bool { return entries(t, cli, key) == 2 })
+	locktest.WaitFor(t, 10*time.Second, "waiter queued", func() bool { return entries(t, cli, key) == 2 })
 	if err := srv.Pause(); err != nil {
 		t.Fatalf("pause: %v", err)
 	}
@@ -563,7 +446,7 @@ func TestCancelWhileServerPaused(t *testing.T) {
 		t.Fatal("cancelled Acquire did not return within 5s with the server paused")
 	}
 	resume()
-	waitFor(t, ttl+cleanupSlack, "the cancelled waiter's entry removed", func() bool { return entries(t, cli, key) == 1 })
+	locktest.WaitFor(t, ttl+cleanupSlack, "the cancelled waiter's entry removed", func() bool { return entries(t, cli, key) == 1 })
 	if err := holder.Err(); err != nil {
 		t.Fatalf("holder after the outage: Err %v, want nil (TTL 30s)", err)
 	}
@@ -577,14 +460,11 @@ const cleanupSlack = 3 * time.Second
 // Clients sharing the owner id) queued behind another owner share one entry; both are granted when the holder
 // releases, with one fence, and the lock is free after both release.
 func TestReentrantJoinWhileQueued(t *testing.T) {
-	key := uniqueKey(t)
+	key := locktest.Key(t)
 	cli := newCli(t, srv.Endpoints())
 	a, _ := newClient(t, srv.Endpoints())
-	ctx := ctxT(t, 20*time.Second)
-	holder, err := a.Acquire(ctx, key)
-	if err != nil {
-		t.Fatalf("Acquire: %v", err)
-	}
+	ctx := locktest.Ctx(t, 20*time.Second)
+	holder := locktest.MustAcquire(t, ctx, a, key)
 	owner := "job-" + rand.Text()[:6]
 	c, b := newClient(t, srv.Endpoints(), dlock.WithOwner(owner))
 	c2, _ := newClient(t, srv.Endpoints(), dlock.WithOwner(owner))
@@ -599,7 +479,7 @@ func TestReentrantJoinWhileQueued(t *testing.T) {
 			got <- res{l, err}
 		}()
 	}
-	waitFor(t, 10*time.Second, "both waits joined one entry", func() bool {
+	locktest.WaitFor(t, 10*time.Second, "both waits joined one entry", func() bool {
 		resp, err := cli.Get(ctx, b.LockKey(key, owner))
 		return err == nil && len(resp.Kvs) == 1 && string(resp.Kvs[0].Value) == "2 "+owner
 	})

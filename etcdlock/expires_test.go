@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/locktest"
 )
 
 // TestTryAcquireCoversExpires: a lock taken with TryAcquire shortly after
@@ -33,7 +34,7 @@ func TestTryAcquireCoversExpires(t *testing.T) {
 				opts = append(opts, dlock.WithOwner(owner))
 			}
 			c, b := newClient(t, srv.Endpoints(), opts...)
-			ctx := ctxT(t, 30*time.Second)
+			ctx := locktest.Ctx(t, 30*time.Second)
 			key := t.Name()
 
 			// The first lock grants the lease (shared), or leaves its

@@ -89,3 +89,11 @@ var (
 	EncodeEntry = encodeEntry
 	DecodeEntry = decodeEntry
 )
+
+// Orphans returns the number of entries b has given up but not yet
+// removed from the server; its background sweep runs while there are any.
+func Orphans(b *Backend) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.orphans.byName)
+}

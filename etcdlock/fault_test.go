@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/locktest"
 	"github.com/dlock-go/dlock/internal/testserver"
 )
 
@@ -18,45 +19,30 @@ func TestHolderKilled(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a helper process")
 	}
-	key := uniqueKey(t)
+	key := locktest.Key(t)
 	cmd, fence := startHolder(t, srv.Endpoints(), key)
 	cli := newCli(t, srv.Endpoints())
 	// The waiter's own TTL is irrelevant here; it is long because the
 	// Client rejects a queue wait longer than the waiter's TTL (it measures
 	// the grant's validity from the start of Wait).
 	c, _ := newClient(t, srv.Endpoints(), dlock.WithTTL(10*time.Second))
-	got := make(chan *dlock.Lease, 1)
-	errc := make(chan error, 1)
-	go func() {
-		l, err := c.Acquire(ctxT(t, 30*time.Second), key)
-		if err != nil {
-			errc <- err
-			return
-		}
-		got <- l
-	}()
-	waitFor(t, 10*time.Second, "waiter queued behind the helper", func() bool { return entries(t, cli, key) == 2 })
+	wait := locktest.Go(func() (*dlock.Lease, error) { return c.Acquire(locktest.Ctx(t, 30*time.Second), key) })
+	locktest.WaitFor(t, 10*time.Second, "waiter queued behind the helper", func() bool { return entries(t, cli, key) == 2 })
 	if err := cmd.Process.Kill(); err != nil { // SIGKILL, by PID
 		t.Fatalf("kill helper %d: %v", cmd.Process.Pid, err)
 	}
 	killed := time.Now()
 	cmd.Wait()
-	select {
-	case l := <-got:
-		took := time.Since(killed)
-		t.Logf("waiter acquired %v after SIGKILL of the holder (TTL %v)", took, ttl)
-		if took > ttl+time.Second {
-			t.Errorf("waiter acquired %v after the kill, want within TTL + 1s = %v", took, ttl+time.Second)
-		}
-		if l.Fence() <= fence {
-			t.Errorf("fence after takeover: got %d, want > %d", l.Fence(), fence)
-		}
-		l.Release(context.Background())
-	case err := <-errc:
-		t.Fatalf("waiter: %v", err)
-	case <-time.After(ttl + 5*time.Second):
-		t.Fatalf("waiter did not acquire within %v of the kill", ttl+5*time.Second)
+	l := locktest.Granted(t, wait, ttl+5*time.Second)
+	took := time.Since(killed)
+	t.Logf("waiter acquired %v after SIGKILL of the holder (TTL %v)", took, ttl)
+	if took > ttl+time.Second {
+		t.Errorf("waiter acquired %v after the kill, want within TTL + 1s = %v", took, ttl+time.Second)
 	}
+	if l.Fence() <= fence {
+		t.Errorf("fence after takeover: got %d, want > %d", l.Fence(), fence)
+	}
+	l.Release(context.Background())
 }
 
 // TestLeaderKilledDuringHold: in a 3-member cluster the leader is killed
@@ -75,12 +61,9 @@ func TestLeaderKilledDuringHold(t *testing.T) {
 	t.Cleanup(func() { cluster.Stop() })
 	const holdTTL = 4 * time.Second
 	eps := cluster.Endpoints()
-	key := uniqueKey(t)
+	key := locktest.Key(t)
 	a, _ := newClient(t, eps, dlock.WithTTL(holdTTL))
-	held, err := a.Acquire(ctxT(t, 10*time.Second), key)
-	if err != nil {
-		t.Fatalf("Acquire: %v", err)
-	}
+	held := locktest.MustAcquire(t, locktest.Ctx(t, 10*time.Second), a, key)
 	leader, err := cluster.Leader()
 	if err != nil {
 		t.Fatal(err)
@@ -117,7 +100,7 @@ func TestLeaderKilledDuringHold(t *testing.T) {
 		}
 		res <- result{}
 	}()
-	waitFor(t, 10*time.Second, "contender queued", func() bool { return attempts.Load() > 0 })
+	locktest.WaitFor(t, 10*time.Second, "contender queued", func() bool { return attempts.Load() > 0 })
 	if err := leader.Kill(); err != nil {
 		t.Fatalf("kill leader %s: %v", leader.Name(), err)
 	}
@@ -141,7 +124,7 @@ func TestLeaderKilledDuringHold(t *testing.T) {
 		default:
 		}
 		releasing.Store(true)
-		if err := held.Release(ctxT(t, 10*time.Second)); err != nil {
+		if err := held.Release(locktest.Ctx(t, 10*time.Second)); err != nil {
 			t.Fatalf("Release after the leader kill: %v", err)
 		}
 	} else if !errors.Is(held.Err(), dlock.ErrLost) {

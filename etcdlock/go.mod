@@ -6,7 +6,6 @@ require (
 	github.com/dlock-go/dlock v0.1.0
 	go.etcd.io/etcd/api/v3 v3.5.27
 	go.etcd.io/etcd/client/v3 v3.5.27
-	go.uber.org/goleak v1.3.0
 	go.uber.org/zap v1.17.0
 	google.golang.org/grpc v1.71.1
 )
@@ -18,6 +17,7 @@ require (
 	github.com/golang/protobuf v1.5.4 // indirect
 	go.etcd.io/etcd/client/pkg/v3 v3.5.27 // indirect
 	go.uber.org/atomic v1.11.0 // indirect
+	go.uber.org/goleak v1.3.0 // indirect
 	go.uber.org/multierr v1.6.0 // indirect
 	golang.org/x/net v0.47.0 // indirect
 	golang.org/x/sys v0.38.0 // indirect

@@ -18,6 +18,7 @@ import (
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/dlocktest"
 	"github.com/dlock-go/dlock/etcdlock"
+	"github.com/dlock-go/dlock/internal/locktest"
 )
 
 // rpcCounter counts the requests an etcd client sends: unary calls and
@@ -43,6 +44,19 @@ func (c *rpcCounter) snapshot() map[string]int {
 // kv returns the number of KV requests (Range, Txn, Put, DeleteRange) in
 // the counts m.
 func kv(m map[string]int) int { return m["Range"] + m["Txn"] + m["Put"] + m["DeleteRange"] }
+
+// settled returns the KV requests each of counters has sent, once none
+// sent one for 200ms: a waiter sends none once it watches.
+func settled(t *testing.T, counters []*rpcCounter) []int {
+	t.Helper()
+	return locktest.Settle(t, 30*time.Second, 200*time.Millisecond, func() []int {
+		n := make([]int, len(counters))
+		for i, rc := range counters {
+			n[i] = kv(rc.snapshot())
+		}
+		return n
+	}, slices.Equal[[]int])
+}
 
 type sendCountingStream struct {
 	grpc.ClientStream
@@ -114,7 +128,7 @@ func TestKindRequests(t *testing.T) {
 		t.Run(kind, func(t *testing.T) {
 			c, rc := newCountingClient(t)
 			key := dlocktest.Key(t)
-			ctx := ctxT(t, time.Minute)
+			ctx := locktest.Ctx(t, time.Minute)
 			acquire := func() (*dlock.Lease, error) {
 				switch kind {
 				case "permit":
@@ -164,7 +178,7 @@ func sum(m map[string]int) int {
 // and deletes an entry.
 func queued(t *testing.T, cli *clientv3.Client, key string, n int64) {
 	t.Helper()
-	waitFor(t, 10*time.Second, fmt.Sprintf("%d entries under %s", n, key), func() bool { return entries(t, cli, key) == n })
+	locktest.WaitFor(t, 10*time.Second, fmt.Sprintf("%d entries under %s", n, key), func() bool { return entries(t, cli, key) == n })
 }
 
 type result struct {
@@ -181,7 +195,7 @@ type result struct {
 func TestPermitQueue(t *testing.T) {
 	const n, waiters = 2, 5
 	key := dlocktest.Key(t)
-	ctx := ctxT(t, time.Minute)
+	ctx := locktest.Ctx(t, time.Minute)
 	cli := newCli(t, srv.Endpoints())
 	hc, _ := newClient(t, srv.Endpoints())
 	var holders []*dlock.Lease
@@ -203,23 +217,7 @@ func TestPermitQueue(t *testing.T) {
 		}()
 		queued(t, cli, key, int64(n+i+1))
 	}
-	settle := func() []map[string]int {
-		// Each waiter's requests stop once it watches: wait until none
-		// sent anything for a while.
-		var last []map[string]int
-		for {
-			var cur []map[string]int
-			for _, rc := range counters {
-				cur = append(cur, rc.snapshot())
-			}
-			if last != nil && slices.EqualFunc(cur, last, func(a, b map[string]int) bool { return kv(a) == kv(b) }) {
-				return cur
-			}
-			last = cur
-			time.Sleep(200 * time.Millisecond)
-		}
-	}
-	before := settle()
+	before := settled(t, counters)
 	if err := holders[0].Release(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -230,9 +228,9 @@ func TestPermitQueue(t *testing.T) {
 	if first.l.Fence() <= holders[1].Fence() {
 		t.Errorf("fence of the first waiter: got %d, want above the holders' (%d)", first.l.Fence(), holders[1].Fence())
 	}
-	after := settle()
+	after := settled(t, counters)
 	for i := 1; i < waiters; i++ {
-		if d := kv(after[i]) - kv(before[i]); d != 0 {
+		if d := after[i] - before[i]; d != 0 {
 			t.Errorf("waiter %d sent %d KV requests after a release that does not concern it, want 0", i, d)
 		}
 	}
@@ -262,7 +260,7 @@ func TestPermitQueue(t *testing.T) {
 // writer). Nothing is left behind.
 func TestReadWriteQueue(t *testing.T) {
 	key := dlocktest.Key(t)
-	ctx := ctxT(t, time.Minute)
+	ctx := locktest.Ctx(t, time.Minute)
 	cli := newCli(t, srv.Endpoints())
 	rc1, _ := newClient(t, srv.Endpoints())
 	r1, err := rc1.RWLock(key).RLock(ctx)
@@ -287,8 +285,7 @@ func TestReadWriteQueue(t *testing.T) {
 		}()
 		queued(t, cli, key, int64(3+i))
 	}
-	time.Sleep(300 * time.Millisecond) // the readers watch the writer by now
-	before := []int{kv(counters[0].snapshot()), kv(counters[1].snapshot())}
+	before := settled(t, counters) // the readers watch the writer by now
 	if err := r1.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -338,7 +335,7 @@ func TestReadWriteQueue(t *testing.T) {
 // their Clients learn it.
 func TestKindInspect(t *testing.T) {
 	key := dlocktest.Key(t)
-	ctx := ctxT(t, time.Minute)
+	ctx := locktest.Ctx(t, time.Minute)
 	c, b := newClient(t, srv.Endpoints())
 	var held []*dlock.Lease
 	for range 2 {
@@ -402,7 +399,7 @@ func TestKindInspect(t *testing.T) {
 // (through the Backend that granted it) changes nothing.
 func TestKindMismatch(t *testing.T) {
 	key := dlocktest.Key(t)
-	ctx := ctxT(t, time.Minute)
+	ctx := locktest.Ctx(t, time.Minute)
 	c, b := newClient(t, srv.Endpoints())
 	r, err := c.RWLock(key).RLock(ctx)
 	if err != nil {
@@ -439,7 +436,7 @@ func TestKindMismatch(t *testing.T) {
 // Proclaim; the term is the entry's fence.
 func TestElectionValue(t *testing.T) {
 	key := dlocktest.Key(t)
-	ctx := ctxT(t, time.Minute)
+	ctx := locktest.Ctx(t, time.Minute)
 	c, _ := newClient(t, srv.Endpoints())
 	e := c.Election(key)
 	l, err := e.Campaign(ctx, "v 1") // a space in the value
@@ -493,9 +490,9 @@ func testDeadHolder(t *testing.T, kind string) {
 			err error
 		)
 		if kind == "permit" {
-			l, err = c.Semaphore(key, 1).Acquire(ctxT(t, 30*time.Second), dlock.WithFIFO())
+			l, err = c.Semaphore(key, 1).Acquire(locktest.Ctx(t, 30*time.Second), dlock.WithFIFO())
 		} else {
-			l, err = c.RWLock(key).Lock(ctxT(t, 30*time.Second))
+			l, err = c.RWLock(key).Lock(locktest.Ctx(t, 30*time.Second))
 		}
 		got <- result{0, l, err}
 	}()
@@ -528,7 +525,7 @@ func TestKindRequestsContended(t *testing.T) {
 	for _, kind := range []string{"permit", "rw"} {
 		t.Run(kind, func(t *testing.T) {
 			key := dlocktest.Key(t)
-			ctx := ctxT(t, 2*time.Minute)
+			ctx := locktest.Ctx(t, 2*time.Minute)
 			var (
 				cs       []*dlock.Client
 				counters []*rpcCounter
@@ -560,7 +557,7 @@ func TestKindRequestsContended(t *testing.T) {
 							t.Errorf("acquire: %v", err)
 							return
 						}
-						time.Sleep(time.Millisecond)
+						time.Sleep(time.Millisecond) // the holder's work
 						if err := l.Release(ctx); err != nil {
 							t.Errorf("release: %v", err)
 							return

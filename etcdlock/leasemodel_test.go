@@ -12,6 +12,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/etcdlock"
+	"github.com/dlock-go/dlock/internal/locktest"
 )
 
 // newBackend returns a Backend on a new etcd connection, closed when the
@@ -32,7 +33,7 @@ func ownerReq(t *testing.T, key string, ttl time.Duration) dlock.Request {
 // mustTry takes r through b and returns the grant.
 func mustTry(t *testing.T, b *etcdlock.Backend, r dlock.Request) dlock.Grant {
 	t.Helper()
-	g, err := b.TryAcquire(ctxT(t, 10*time.Second), r)
+	g, err := b.TryAcquire(locktest.Ctx(t, 10*time.Second), r)
 	if err != nil || !g.OK {
 		t.Fatalf("TryAcquire(%q, %q): got %+v, %v, want granted", r.Key, r.Token, g, err)
 	}
@@ -42,7 +43,7 @@ func mustTry(t *testing.T, b *etcdlock.Backend, r dlock.Request) dlock.Grant {
 // rawEntry reads the etcd key of (key, token) as b names it.
 func rawEntry(t *testing.T, cli *clientv3.Client, b *etcdlock.Backend, key, token string) (createRev int64, value string, leaseTTL int64) {
 	t.Helper()
-	resp, err := cli.Get(ctxT(t, 5*time.Second), b.LockKey(key, token))
+	resp, err := cli.Get(locktest.Ctx(t, 5*time.Second), b.LockKey(key, token))
 	if err != nil {
 		t.Fatalf("get entry of %q: %v", key, err)
 	}
@@ -51,7 +52,7 @@ func rawEntry(t *testing.T, cli *clientv3.Client, b *etcdlock.Backend, key, toke
 	}
 	kv := resp.Kvs[0]
 	if kv.Lease != 0 {
-		tr, err := cli.TimeToLive(ctxT(t, 5*time.Second), clientv3.LeaseID(kv.Lease))
+		tr, err := cli.TimeToLive(locktest.Ctx(t, 5*time.Second), clientv3.LeaseID(kv.Lease))
 		if err != nil {
 			t.Fatalf("TimeToLive(%x): %v", kv.Lease, err)
 		}
@@ -69,13 +70,13 @@ func assertHeldBy(t *testing.T, b *etcdlock.Backend, cli *clientv3.Client, r dlo
 		t.Fatalf("%s: entry create revision %d, want %d (the held grant)", what, rev, g.Fence)
 	}
 	other, _ := newBackend(t)
-	og, err := other.TryAcquire(ctxT(t, 10*time.Second), dlock.Request{Key: r.Key, Token: "intruder", TTL: ttl})
+	og, err := other.TryAcquire(locktest.Ctx(t, 10*time.Second), dlock.Request{Key: r.Key, Token: "intruder", TTL: ttl})
 	if err != nil || og.OK {
 		t.Fatalf("%s: another owner's TryAcquire: got %+v, %v, want not granted", what, og, err)
 	}
 	rr := r
 	rr.Fence = g.Fence
-	if err := b.Refresh(ctxT(t, 10*time.Second), rr); err != nil {
+	if err := b.Refresh(locktest.Ctx(t, 10*time.Second), rr); err != nil {
 		t.Fatalf("%s: Refresh of the held grant: %v", what, err)
 	}
 }
@@ -90,7 +91,7 @@ func TestCancelledReentryKeepsHeldEntry(t *testing.T) {
 			name = "Wait"
 		}
 		t.Run(name, func(t *testing.T) {
-			key := uniqueKey(t)
+			key := locktest.Key(t)
 			b, cli := newBackend(t)
 			r := ownerReq(t, key, ttl)
 			g := mustTry(t, b, r)
@@ -111,7 +112,7 @@ func TestCancelledReentryKeepsHeldEntry(t *testing.T) {
 					// give it back.
 					r2 := r
 					r2.Fence = g2.Fence
-					if err := b.Release(ctxT(t, 5*time.Second), r2); err != nil {
+					if err := b.Release(locktest.Ctx(t, 5*time.Second), r2); err != nil {
 						t.Fatalf("Release of re-entry %d: %v", i, err)
 					}
 				}
@@ -120,11 +121,11 @@ func TestCancelledReentryKeepsHeldEntry(t *testing.T) {
 			// Whatever the cancelled re-entries left raised on the server,
 			// the lock is free about one TTL after the owner's last
 			// release, although b renews another lock meanwhile.
-			other := uniqueKey(t) + ".other"
+			other := locktest.Key(t) + ".other"
 			ro := dlock.Request{Key: other, Token: "tok-" + other, TTL: ttl}
 			ro.Fence = mustTry(t, b, ro).Fence
 			r.Fence = g.Fence
-			if err := b.Release(ctxT(t, 5*time.Second), r); err != nil {
+			if err := b.Release(locktest.Ctx(t, 5*time.Second), r); err != nil {
 				t.Fatalf("Release: %v", err)
 			}
 			awaitFreeWhileRenewing(t, b, key, ro, time.Now())
@@ -135,11 +136,11 @@ func TestCancelledReentryKeepsHeldEntry(t *testing.T) {
 // A non-reentrant attempt by a token that holds the lock is not granted,
 // and its clean-up (context ended) leaves the held entry alone.
 func TestNonReentrantSameTokenRefused(t *testing.T) {
-	key := uniqueKey(t)
+	key := locktest.Key(t)
 	b, cli := newBackend(t)
 	r := dlock.Request{Key: key, Token: "tok-" + key, TTL: ttl}
 	g := mustTry(t, b, r)
-	if g2, err := b.TryAcquire(ctxT(t, 10*time.Second), r); err == nil && g2.OK {
+	if g2, err := b.TryAcquire(locktest.Ctx(t, 10*time.Second), r); err == nil && g2.OK {
 		t.Fatalf("second non-reentrant TryAcquire by the holder: got %+v, want not granted", g2)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -156,7 +157,7 @@ func TestNonReentrantSameTokenRefused(t *testing.T) {
 // Backend keeps renewing another lock: the lock is free within about one
 // TTL of the owner's last renewal.
 func TestOrphanedCountExpires(t *testing.T) {
-	key, other := uniqueKey(t), uniqueKey(t)
+	key, other := locktest.Key(t), locktest.Key(t)
 	b, cli := newBackend(t)
 	r := ownerReq(t, key, ttl)
 	g := mustTry(t, b, r)
@@ -165,11 +166,11 @@ func TestOrphanedCountExpires(t *testing.T) {
 
 	// The lost re-entry: the count on the server is one above what b knows.
 	name := b.LockKey(key, r.Token)
-	if _, err := cli.Put(ctxT(t, 5*time.Second), name, "2 "+r.Token, clientv3.WithIgnoreLease()); err != nil {
+	if _, err := cli.Put(locktest.Ctx(t, 5*time.Second), name, "2 "+r.Token, clientv3.WithIgnoreLease()); err != nil {
 		t.Fatal(err)
 	}
 	r.Fence = g.Fence
-	if err := b.Release(ctxT(t, 5*time.Second), r); err != nil {
+	if err := b.Release(locktest.Ctx(t, 5*time.Second), r); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
 	released := time.Now()
@@ -186,26 +187,26 @@ func awaitFreeWhileRenewing(t *testing.T, b *etcdlock.Backend, key string, ro dl
 	o, cli := newBackend(t)
 	deadline := since.Add(4 * ttl)
 	for {
-		if err := b.Refresh(ctxT(t, 5*time.Second), ro); err != nil {
+		if err := b.Refresh(locktest.Ctx(t, 5*time.Second), ro); err != nil {
 			t.Fatalf("Refresh of the other lock: %v", err)
 		}
-		gi, err := o.TryAcquire(ctxT(t, 5*time.Second), intruder)
+		gi, err := o.TryAcquire(locktest.Ctx(t, 5*time.Second), intruder)
 		if err != nil {
 			t.Fatalf("TryAcquire by another owner: %v", err)
 		}
 		if gi.OK {
 			t.Logf("free %v after the owner's release", time.Since(since).Round(10*time.Millisecond))
 			intruder.Fence = gi.Fence
-			if err := o.Release(ctxT(t, 5*time.Second), intruder); err != nil {
+			if err := o.Release(locktest.Ctx(t, 5*time.Second), intruder); err != nil {
 				t.Fatalf("Release by the other owner: %v", err)
 			}
 			return
 		}
 		if time.Now().After(deadline) {
-			resp, _ := cli.Get(ctxT(t, 5*time.Second), b.LockKey(key, "owner-"+key))
+			resp, _ := cli.Get(locktest.Ctx(t, 5*time.Second), b.LockKey(key, "owner-"+key))
 			t.Fatalf("lock still held (%v) %v after the owner's last release while the Backend renews another lock; want free within about one TTL (%v)", resp.Kvs, 4*ttl, ttl)
 		}
-		time.Sleep(ttl / 6)
+		time.Sleep(ttl / 6) // renewing as a watchdog would, at twice its rate
 	}
 }
 
@@ -218,13 +219,13 @@ func TestRefreshShorterKeepsLongerLease(t *testing.T) {
 			name = "owner"
 		}
 		t.Run(name, func(t *testing.T) {
-			key := uniqueKey(t)
+			key := locktest.Key(t)
 			b, cli := newBackend(t)
 			r := dlock.Request{Key: key, Token: "tok-" + key, TTL: 5 * time.Second, Reentrant: reentrant}
 			r.Fence = mustTry(t, b, r).Fence
 			short := r
 			short.TTL = ttl
-			if err := b.Refresh(ctxT(t, 10*time.Second), short); err != nil {
+			if err := b.Refresh(locktest.Ctx(t, 10*time.Second), short); err != nil {
 				t.Fatalf("Refresh(%v): %v", short.TTL, err)
 			}
 			if rev, _, lt := rawEntry(t, cli, b, key, r.Token); rev != int64(r.Fence) || lt < 5 {
@@ -237,7 +238,7 @@ func TestRefreshShorterKeepsLongerLease(t *testing.T) {
 // A re-entry or Refresh with a longer TTL lengthens the lock on the server:
 // its entry moves to a lease at least that long.
 func TestLongerTTLLengthensLease(t *testing.T) {
-	key := uniqueKey(t)
+	key := locktest.Key(t)
 	b, cli := newBackend(t)
 	r := ownerReq(t, key, ttl)
 	g := mustTry(t, b, r)
@@ -260,26 +261,26 @@ func TestLongerTTLLengthensLease(t *testing.T) {
 		b *etcdlock.Backend
 		r dlock.Request
 	}{{b, r}, {b2, long}} {
-		if err := x.b.Refresh(ctxT(t, 10*time.Second), x.r); err != nil {
+		if err := x.b.Refresh(locktest.Ctx(t, 10*time.Second), x.r); err != nil {
 			t.Fatalf("Refresh after the move: %v", err)
 		}
 	}
 	longer := r
 	longer.TTL = 8 * time.Second
-	if err := b.Refresh(ctxT(t, 10*time.Second), longer); err != nil {
+	if err := b.Refresh(locktest.Ctx(t, 10*time.Second), longer); err != nil {
 		t.Fatalf("Refresh(%v): %v", longer.TTL, err)
 	}
 	if rev, _, lt := rawEntry(t, cli, b, key, r.Token); rev != int64(g.Fence) || lt < 8 {
 		t.Fatalf("after Refresh to %v: entry at %d on a lease of %ds, want %d on at least 8s", longer.TTL, rev, lt, g.Fence)
 	}
-	if err := b2.Refresh(ctxT(t, 10*time.Second), long); err != nil {
+	if err := b2.Refresh(locktest.Ctx(t, 10*time.Second), long); err != nil {
 		t.Fatalf("Refresh by the other holder after the second move: %v", err)
 	}
 	for _, x := range []struct {
 		b *etcdlock.Backend
 		r dlock.Request
 	}{{b, r}, {b2, long}} {
-		if err := x.b.Release(ctxT(t, 10*time.Second), x.r); err != nil {
+		if err := x.b.Release(locktest.Ctx(t, 10*time.Second), x.r); err != nil {
 			t.Fatalf("Release: %v", err)
 		}
 	}
@@ -292,25 +293,25 @@ func TestLongerTTLLengthensLease(t *testing.T) {
 // grant's fence changes nothing and matches dlock.ErrNotHeld; fence 0
 // names the token's grant, whichever it is.
 func TestFenceMismatch(t *testing.T) {
-	key := uniqueKey(t)
+	key := locktest.Key(t)
 	b, cli := newBackend(t)
 	r := ownerReq(t, key, ttl)
 	g := mustTry(t, b, r)
 	bad := r
 	bad.Fence = g.Fence + 1
-	if err := b.Refresh(ctxT(t, 5*time.Second), bad); !errors.Is(err, dlock.ErrNotHeld) {
+	if err := b.Refresh(locktest.Ctx(t, 5*time.Second), bad); !errors.Is(err, dlock.ErrNotHeld) {
 		t.Errorf("Refresh with fence %d: got %v, want ErrNotHeld", bad.Fence, err)
 	}
-	if err := b.Release(ctxT(t, 5*time.Second), bad); !errors.Is(err, dlock.ErrNotHeld) {
+	if err := b.Release(locktest.Ctx(t, 5*time.Second), bad); !errors.Is(err, dlock.ErrNotHeld) {
 		t.Errorf("Release with fence %d: got %v, want ErrNotHeld", bad.Fence, err)
 	}
 	assertHeldBy(t, b, cli, r, g, "after mismatched fences")
 
 	// Fence 0: whichever grant the token holds.
-	if err := b.Refresh(ctxT(t, 5*time.Second), r); err != nil {
+	if err := b.Refresh(locktest.Ctx(t, 5*time.Second), r); err != nil {
 		t.Errorf("Refresh with fence 0: %v", err)
 	}
-	if err := b.Release(ctxT(t, 5*time.Second), r); err != nil {
+	if err := b.Release(locktest.Ctx(t, 5*time.Second), r); err != nil {
 		t.Errorf("Release with fence 0: %v", err)
 	}
 	if rev, _, _ := rawEntry(t, cli, b, key, r.Token); rev != 0 {
@@ -327,7 +328,7 @@ func TestMinTTLMargin(t *testing.T) {
 	if got := floor.MinTTL(); got != etcdlock.MinTTL {
 		t.Fatalf("MinTTL: got %v, want %v", got, etcdlock.MinTTL)
 	}
-	lg, err := cli.Grant(ctxT(t, 5*time.Second), 1)
+	lg, err := cli.Grant(locktest.Ctx(t, 5*time.Second), 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -340,7 +341,7 @@ func TestMinTTLMargin(t *testing.T) {
 	rtts := make([]time.Duration, n)
 	for i := range rtts {
 		start := time.Now()
-		if _, err := cli.KeepAliveOnce(ctxT(t, 5*time.Second), lg.ID); err != nil {
+		if _, err := cli.KeepAliveOnce(locktest.Ctx(t, 5*time.Second), lg.ID); err != nil {
 			t.Fatal(err)
 		}
 		rtts[i] = time.Since(start)
@@ -358,7 +359,7 @@ func TestMinTTLMargin(t *testing.T) {
 // alone, the entry is deleted at once; shared with another Backend of the
 // same owner, the entry stays, held and renewable by the other one.
 func TestCloseTakesBackOwnHolds(t *testing.T) {
-	key := uniqueKey(t)
+	key := locktest.Key(t)
 	cli := newCli(t, srv.Endpoints())
 	b1 := etcdlock.New(cli)
 	b2, _ := newBackend(t)
@@ -373,12 +374,12 @@ func TestCloseTakesBackOwnHolds(t *testing.T) {
 		t.Fatalf("after closing one of two holders: entry at %d with %q, want %d with %q", rev, v, g.Fence, "1 "+r.Token)
 	}
 	r.Fence = g.Fence
-	if err := b2.Refresh(ctxT(t, 5*time.Second), r); err != nil {
+	if err := b2.Refresh(locktest.Ctx(t, 5*time.Second), r); err != nil {
 		t.Fatalf("Refresh by the other holder: %v", err)
 	}
 
 	b3 := etcdlock.New(cli)
-	key2 := uniqueKey(t) + ".alone"
+	key2 := locktest.Key(t) + ".alone"
 	mustTry(t, b3, ownerReq(t, key2, 5*time.Second))
 	if err := b3.Close(); err != nil {
 		t.Fatalf("Close: %v", err)

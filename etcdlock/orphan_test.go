@@ -12,6 +12,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/etcdlock"
+	"github.com/dlock-go/dlock/internal/locktest"
 	"github.com/dlock-go/dlock/internal/testserver"
 )
 
@@ -75,19 +76,16 @@ func TestFailedReleaseDoesNotStallQueue(t *testing.T) {
 	}
 	t.Cleanup(func() { e.Stop() })
 	eps := e.Endpoints()
-	key := uniqueKey(t)
+	key := locktest.Key(t)
 	a, _ := fastReconnectClient(t, eps, dlock.WithTTL(lockTTL))
 	other, _ := fastReconnectClient(t, eps, dlock.WithTTL(lockTTL))
 
-	l, err := a.Acquire(ctxT(t, 10*time.Second), key)
-	if err != nil {
-		t.Fatalf("Acquire: %v", err)
-	}
+	l := locktest.MustAcquire(t, locktest.Ctx(t, 10*time.Second), a, key)
 	if err := e.Kill(); err != nil {
 		t.Fatalf("kill etcd: %v", err)
 	}
 	killed := time.Now()
-	if err := l.Release(ctxT(t, 300*time.Millisecond)); err == nil {
+	if err := l.Release(locktest.Ctx(t, 300*time.Millisecond)); err == nil {
 		t.Fatal("Release with the server killed: got nil error, want a failure")
 	}
 
@@ -99,7 +97,7 @@ func TestFailedReleaseDoesNotStallQueue(t *testing.T) {
 		at  time.Time
 	}
 	res := make(chan result, 2)
-	wctx := ctxT(t, 25*time.Second)
+	wctx := locktest.Ctx(t, 25*time.Second)
 	for who, c := range map[string]*dlock.Client{"same Backend": a, "other Backend": other} {
 		go func() {
 			l, err := c.Acquire(wctx, key)
@@ -134,7 +132,7 @@ func TestFailedReleaseDoesNotStallQueue(t *testing.T) {
 			t.Errorf("%s fence: got %d, want > %d", r.who, r.l.Fence(), max(last, l.Fence()))
 		}
 		last = r.l.Fence()
-		if err := r.l.Release(ctxT(t, 5*time.Second)); err != nil {
+		if err := r.l.Release(locktest.Ctx(t, 5*time.Second)); err != nil {
 			t.Errorf("%s: Release: %v", r.who, err)
 		}
 	}

@@ -11,14 +11,15 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/etcdlock"
+	"github.com/dlock-go/dlock/internal/locktest"
 )
 
 // holdMany acquires n locks through c, 16 at a time, and returns them;
 // they are released when the test ends.
 func holdMany(t *testing.T, c *dlock.Client, n int) []*dlock.Lease {
 	t.Helper()
-	ctx := ctxT(t, 60*time.Second)
-	key := uniqueKey(t)
+	ctx := locktest.Ctx(t, 60*time.Second)
+	key := locktest.Key(t)
 	leases := make([]*dlock.Lease, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
@@ -81,7 +82,7 @@ outer:
 func deleteKey(t *testing.T, b *etcdlock.Backend, l *dlock.Lease) {
 	t.Helper()
 	cli := newCli(t, srv.Endpoints())
-	resp, err := cli.Delete(ctxT(t, 5*time.Second), b.LockKey(l.Key(), l.Owner()))
+	resp, err := cli.Delete(locktest.Ctx(t, 5*time.Second), b.LockKey(l.Key(), l.Owner()))
 	if err != nil {
 		t.Fatalf("delete the key of %q: %v", l.Key(), err)
 	}
@@ -100,7 +101,7 @@ func TestPrefixWatchReportsDeletedKey(t *testing.T) {
 	etcdlock.SetLossWatchDelay(b, time.Hour)
 	n := etcdlock.PrefixWatchMin() + 16
 	leases := holdMany(t, c, n)
-	waitFor(t, 5*time.Second, "the prefix watch, and no watch per lock", func() bool {
+	locktest.WaitFor(t, 5*time.Second, "the prefix watch, and no watch per lock", func() bool {
 		prefix, own, _ := etcdlock.WatchState(b)
 		return prefix && own == 0
 	})
@@ -120,34 +121,22 @@ func TestPrefixWatchIgnoresOthersAndOwnReleases(t *testing.T) {
 	c, b := newClient(t, srv.Endpoints())
 	etcdlock.SetLossWatchDelay(b, time.Hour)
 	other, _ := newClient(t, srv.Endpoints())
-	ctx := ctxT(t, 20*time.Second)
-	key := uniqueKey(t)
-	oldest, err := c.Acquire(ctx, key+".oldest")
-	if err != nil {
-		t.Fatalf("Acquire: %v", err)
-	}
+	ctx := locktest.Ctx(t, 20*time.Second)
+	key := locktest.Key(t)
+	oldest := locktest.MustAcquire(t, ctx, c, key+".oldest")
 	t.Cleanup(func() { oldest.Release(context.Background()) })
 	// Another Backend's lock, taken and released.
-	ol, err := other.Acquire(ctx, key+".other")
-	if err != nil {
-		t.Fatalf("Acquire (other): %v", err)
-	}
+	ol := locktest.MustAcquire(t, ctx, other, key+".other")
 	if err := ol.Release(ctx); err != nil {
 		t.Fatalf("Release (other): %v", err)
 	}
 	// One of ours released and taken again: same etcd key, new fence.
-	first, err := c.Acquire(ctx, key+".again")
-	if err != nil {
-		t.Fatalf("Acquire: %v", err)
-	}
+	first := locktest.MustAcquire(t, ctx, c, key+".again")
 	name := b.LockKey(first.Key(), first.Owner())
 	if err := first.Release(ctx); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
-	again, err := c.Acquire(ctx, key+".again")
-	if err != nil {
-		t.Fatalf("Acquire again: %v", err)
-	}
+	again := locktest.MustAcquire(t, ctx, c, key+".again")
 	t.Cleanup(func() { again.Release(context.Background()) })
 	if got := b.LockKey(again.Key(), again.Owner()); got != name {
 		t.Fatalf("etcd key of the lock taken again: got %s, want %s (the same slot)", got, name)
@@ -156,7 +145,7 @@ func TestPrefixWatchIgnoresOthersAndOwnReleases(t *testing.T) {
 		t.Fatal("prefix watch with 2 locks held, want a watch per lock")
 	}
 	leases := holdMany(t, c, etcdlock.PrefixWatchMin())
-	waitFor(t, 5*time.Second, "the prefix watch", func() bool {
+	locktest.WaitFor(t, 5*time.Second, "the prefix watch", func() bool {
 		prefix, _, _ := etcdlock.WatchState(b)
 		return prefix
 	})
@@ -174,13 +163,10 @@ func TestPrefixWatchIgnoresOthersAndOwnReleases(t *testing.T) {
 // the prefix watch covers.
 func TestPrefixWatchKeepsRunningOwnWatches(t *testing.T) {
 	c, b := newClient(t, srv.Endpoints())
-	ctx := ctxT(t, 20*time.Second)
-	old, err := c.Acquire(ctx, uniqueKey(t)+".old")
-	if err != nil {
-		t.Fatalf("Acquire: %v", err)
-	}
+	ctx := locktest.Ctx(t, 20*time.Second)
+	old := locktest.MustAcquire(t, ctx, c, locktest.Key(t)+".old")
 	t.Cleanup(func() { old.Release(context.Background()) })
-	waitFor(t, 5*time.Second, "the lock's own watch", func() bool {
+	locktest.WaitFor(t, 5*time.Second, "the lock's own watch", func() bool {
 		_, _, running := etcdlock.WatchState(b)
 		return running == 1
 	})
@@ -204,12 +190,12 @@ func TestPrefixWatchKeepsRunningOwnWatches(t *testing.T) {
 func TestPrefixWatchBackToPerLockWatches(t *testing.T) {
 	c, b := newClient(t, srv.Endpoints())
 	leases := holdMany(t, c, etcdlock.PrefixWatchMin()+16)
-	waitFor(t, 5*time.Second, "the prefix watch", func() bool {
+	locktest.WaitFor(t, 5*time.Second, "the prefix watch", func() bool {
 		prefix, _, _ := etcdlock.WatchState(b)
 		return prefix
 	})
 	keep := 4
-	ctx := ctxT(t, 20*time.Second)
+	ctx := locktest.Ctx(t, 20*time.Second)
 	for _, l := range leases[keep:] {
 		if err := l.Release(ctx); err != nil {
 			t.Fatalf("Release: %v", err)
@@ -230,7 +216,7 @@ func TestPrefixWatchBackToPerLockWatches(t *testing.T) {
 func TestPrefixWatchRestarted(t *testing.T) {
 	c, b := newClient(t, srv.Endpoints())
 	leases := holdMany(t, c, etcdlock.PrefixWatchMin()+16)
-	waitFor(t, 5*time.Second, "the prefix watch", func() bool {
+	locktest.WaitFor(t, 5*time.Second, "the prefix watch", func() bool {
 		prefix, _, _ := etcdlock.WatchState(b)
 		return prefix
 	})
@@ -240,7 +226,7 @@ func TestPrefixWatchRestarted(t *testing.T) {
 	first := leases[3]
 	deleteKey(t, b, first)
 	lostWithin(t, first, 5*time.Second)
-	waitFor(t, 5*time.Second, "a new prefix watch", func() bool {
+	locktest.WaitFor(t, 5*time.Second, "a new prefix watch", func() bool {
 		prefix, _, _ := etcdlock.WatchState(b)
 		return prefix
 	})
@@ -260,7 +246,7 @@ func TestManyHeldGoroutines(t *testing.T) {
 	before := runtime.NumGoroutine()
 	n := 4 * etcdlock.PrefixWatchMin()
 	holdMany(t, c, n)
-	waitFor(t, 5*time.Second, "the prefix watch, and no watch per lock", func() bool {
+	locktest.WaitFor(t, 5*time.Second, "the prefix watch, and no watch per lock", func() bool {
 		prefix, own, _ := etcdlock.WatchState(b)
 		return prefix && own == 0
 	})

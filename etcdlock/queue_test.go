@@ -2,7 +2,6 @@ package etcdlock_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -16,84 +15,8 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/etcdlock"
+	"github.com/dlock-go/dlock/internal/locktest"
 )
-
-// TestFIFOSkipsCancelledWaiters queues a holder and six waiters in a known
-// order, cancels two of them in the middle of the queue (the second and
-// the fourth: each is the predecessor of one waiter and the entry before
-// the predecessor of another), releases the holder, and checks that the
-// others are granted exactly in queue order and that the cancelled ones
-// left nothing behind.
-func TestFIFOSkipsCancelledWaiters(t *testing.T) {
-	const waiters = 6
-	cancelled := map[int]bool{1: true, 3: true}
-	key := uniqueKey(t)
-	cli := newCli(t, srv.Endpoints())
-	hc, _ := newClient(t, srv.Endpoints())
-	ctx := ctxT(t, time.Minute)
-	holder, err := hc.Acquire(ctx, key)
-	if err != nil {
-		t.Fatalf("Acquire holder: %v", err)
-	}
-	order := make(chan int, waiters)
-	errs := make(chan error, waiters)
-	cancels := make([]context.CancelFunc, waiters)
-	for i := range waiters {
-		c, _ := newClient(t, srv.Endpoints())
-		wctx, cancel := context.WithCancel(ctx)
-		cancels[i] = cancel
-		t.Cleanup(cancel)
-		go func() {
-			l, err := c.Acquire(wctx, key)
-			if err != nil {
-				if cancelled[i] && errors.Is(err, context.Canceled) {
-					err = nil
-				}
-				errs <- err
-				return
-			}
-			order <- i
-			errs <- l.Release(context.Background())
-		}()
-		waitFor(t, 10*time.Second, fmt.Sprintf("waiter %d queued", i), func() bool { return entries(t, cli, key) == int64(i+2) })
-	}
-	queued := int64(waiters + 1)
-	for i := range waiters {
-		if cancelled[i] {
-			cancels[i]()
-			queued--
-			waitFor(t, 10*time.Second, fmt.Sprintf("waiter %d gone", i), func() bool { return entries(t, cli, key) == queued })
-		}
-	}
-	if err := holder.Release(ctx); err != nil {
-		t.Fatalf("Release holder: %v", err)
-	}
-	var got, want []int
-	for i := range waiters {
-		if !cancelled[i] {
-			want = append(want, i)
-		}
-	}
-	for done := 0; done < waiters; {
-		select {
-		case i := <-order:
-			got = append(got, i)
-		case err := <-errs:
-			if err != nil {
-				t.Fatalf("waiter: %v", err)
-			}
-			done++
-		case <-ctx.Done():
-			t.Fatalf("grants: got %v before the deadline, want %v", got, want)
-		}
-	}
-	if fmt.Sprint(got) != fmt.Sprint(want) {
-		t.Fatalf("grant order: got waiters %v, want %v", got, want)
-	}
-	if n := entries(t, cli, key); n != 0 {
-		t.Fatalf("entries at the end: got %d, want 0", n)
-	}
-}
 
 // callCounter counts the unary gRPC calls of an etcd client, by method,
 // and the watches the server confirmed created and cancelled.
@@ -193,14 +116,11 @@ func (c *callCounter) count(method string) int {
 // request.
 func TestThirdInLineGrantedWithoutRead(t *testing.T) {
 	const rangeCall = "/etcdserverpb.KV/Range"
-	key := uniqueKey(t)
+	key := locktest.Key(t)
 	cli := newCli(t, srv.Endpoints())
 	hc, _ := newClient(t, srv.Endpoints())
-	ctx := ctxT(t, time.Minute)
-	holder, err := hc.Acquire(ctx, key)
-	if err != nil {
-		t.Fatalf("Acquire holder: %v", err)
-	}
+	ctx := locktest.Ctx(t, time.Minute)
+	holder := locktest.MustAcquire(t, ctx, hc, key)
 	c1, _ := newClient(t, srv.Endpoints())
 	first := make(chan *dlock.Lease, 1)
 	go func() {
@@ -210,7 +130,7 @@ func TestThirdInLineGrantedWithoutRead(t *testing.T) {
 		}
 		first <- l
 	}()
-	waitFor(t, 10*time.Second, "first waiter queued", func() bool { return entries(t, cli, key) == 2 })
+	locktest.WaitFor(t, 10*time.Second, "first waiter queued", func() bool { return entries(t, cli, key) == 2 })
 
 	counter, c2, _ := newCountedClient(t)
 	type result struct {
@@ -225,7 +145,7 @@ func TestThirdInLineGrantedWithoutRead(t *testing.T) {
 	}()
 	// Queued third, it watches its predecessor and the holder's entry
 	// (and keeps its watch stream open with one more watch).
-	waitFor(t, 10*time.Second, "the third waiter's watches", func() bool { return counter.created.Load() == 3 })
+	locktest.WaitFor(t, 10*time.Second, "the third waiter's watches", func() bool { return counter.created.Load() == 3 })
 
 	reads := counter.count(rangeCall)
 	if err := holder.Release(ctx); err != nil {
@@ -237,7 +157,7 @@ func TestThirdInLineGrantedWithoutRead(t *testing.T) {
 	}
 	// The holder's entry is gone: the third waiter reads its position
 	// again (one Range).
-	waitFor(t, 10*time.Second, "the third waiter's read", func() bool { return counter.count(rangeCall) > reads })
+	locktest.WaitFor(t, 10*time.Second, "the third waiter's read", func() bool { return counter.count(rangeCall) > reads })
 	counter.take()
 	if err := l1.Release(ctx); err != nil {
 		t.Fatalf("Release: %v", err)
@@ -261,13 +181,13 @@ func TestThirdInLineGrantedWithoutRead(t *testing.T) {
 // stream open stays.
 func TestWaitReusesEntryWatches(t *testing.T) {
 	const rangeCall = "/etcdserverpb.KV/Range"
-	key := uniqueKey(t)
+	key := locktest.Key(t)
 	cli := newCli(t, srv.Endpoints())
 	hc, hb := newClient(t, srv.Endpoints())
 	etcdlock.SetEntryWatchLinger(hb, time.Minute)
 	counter, wc, wb := newCountedClient(t)
 	etcdlock.SetEntryWatchLinger(wb, time.Minute)
-	ctx := ctxT(t, time.Minute)
+	ctx := locktest.Ctx(t, time.Minute)
 	for round := range 2 {
 		holder, err := hc.Acquire(ctx, key)
 		if err != nil {
@@ -284,10 +204,10 @@ func TestWaitReusesEntryWatches(t *testing.T) {
 			l, err := wc.Acquire(ctx, key)
 			waited <- result{l, err}
 		}()
-		waitFor(t, 10*time.Second, "waiter queued", func() bool { return entries(t, cli, key) == 2 })
+		locktest.WaitFor(t, 10*time.Second, "waiter queued", func() bool { return entries(t, cli, key) == 2 })
 		if round == 0 {
 			// The watch of the holder's entry, and the stream's anchor.
-			waitFor(t, 10*time.Second, "the waiter's watches", func() bool { return counter.created.Load() == created+2 })
+			locktest.WaitFor(t, 10*time.Second, "the waiter's watches", func() bool { return counter.created.Load() == created+2 })
 		}
 		if err := holder.Release(ctx); err != nil {
 			t.Fatalf("round %d: Release holder: %v", round, err)
@@ -315,14 +235,11 @@ func TestWaitReusesEntryWatches(t *testing.T) {
 	// The holder's entry is deleted (and created again) while the watch is
 	// idle: the next wait reuses the watch and must take that old deletion
 	// for what it is, not for the release of the entry it reads now.
-	holder, err := hc.Acquire(ctx, key)
-	if err != nil {
-		t.Fatalf("Acquire holder: %v", err)
-	}
+	holder := locktest.MustAcquire(t, ctx, hc, key)
 	if err := holder.Release(ctx); err != nil {
 		t.Fatalf("Release holder: %v", err)
 	}
-	holder, err = hc.Acquire(ctx, key)
+	holder, err := hc.Acquire(ctx, key)
 	if err != nil {
 		t.Fatalf("Acquire holder: %v", err)
 	}
@@ -339,7 +256,7 @@ func TestWaitReusesEntryWatches(t *testing.T) {
 		}
 		waited <- err
 	}()
-	waitFor(t, 10*time.Second, "waiter queued", func() bool { return entries(t, cli, key) == 2 })
+	locktest.WaitFor(t, 10*time.Second, "waiter queued", func() bool { return entries(t, cli, key) == 2 })
 	// Nothing to await here: a waiter misled by the old deletion would be
 	// granted within a few milliseconds.
 	time.Sleep(100 * time.Millisecond)
@@ -359,17 +276,14 @@ func TestWaitReusesEntryWatches(t *testing.T) {
 // waited behind is cancelled once no wait has needed it for the linger
 // time.
 func TestIdleEntryWatchExpires(t *testing.T) {
-	key := uniqueKey(t)
+	key := locktest.Key(t)
 	cli := newCli(t, srv.Endpoints())
 	hc, hb := newClient(t, srv.Endpoints())
 	etcdlock.SetEntryWatchLinger(hb, 50*time.Millisecond)
 	counter, wc, wb := newCountedClient(t)
 	etcdlock.SetEntryWatchLinger(wb, 50*time.Millisecond)
-	ctx := ctxT(t, time.Minute)
-	holder, err := hc.Acquire(ctx, key)
-	if err != nil {
-		t.Fatalf("Acquire holder: %v", err)
-	}
+	ctx := locktest.Ctx(t, time.Minute)
+	holder := locktest.MustAcquire(t, ctx, hc, key)
 	waited := make(chan error, 1)
 	go func() {
 		l, err := wc.Acquire(ctx, key)
@@ -378,8 +292,8 @@ func TestIdleEntryWatchExpires(t *testing.T) {
 		}
 		waited <- err
 	}()
-	waitFor(t, 10*time.Second, "waiter queued", func() bool { return entries(t, cli, key) == 2 })
-	waitFor(t, 10*time.Second, "the waiter's watches", func() bool { return counter.created.Load() == 2 })
+	locktest.WaitFor(t, 10*time.Second, "waiter queued", func() bool { return entries(t, cli, key) == 2 })
+	locktest.WaitFor(t, 10*time.Second, "the waiter's watches", func() bool { return counter.created.Load() == 2 })
 	if err := holder.Release(ctx); err != nil {
 		t.Fatalf("Release holder: %v", err)
 	}
@@ -389,7 +303,7 @@ func TestIdleEntryWatchExpires(t *testing.T) {
 	if n := counter.canceled.Load(); n != 0 {
 		t.Fatalf("watches cancelled right after the wait: got %d, want 0", n)
 	}
-	waitFor(t, 10*time.Second, "the idle watch cancelled", func() bool { return counter.canceled.Load() == 1 })
+	locktest.WaitFor(t, 10*time.Second, "the idle watch cancelled", func() bool { return counter.canceled.Load() == 1 })
 }
 
 // TestEntryKeyReused checks that a Backend taking the same lock again and
@@ -398,9 +312,9 @@ func TestIdleEntryWatchExpires(t *testing.T) {
 // and that acquisitions in flight at the same time through one Backend get
 // distinct keys.
 func TestEntryKeyReused(t *testing.T) {
-	key := uniqueKey(t)
+	key := locktest.Key(t)
 	c, b := newClient(t, srv.Endpoints())
-	ctx := ctxT(t, 30*time.Second)
+	ctx := locktest.Ctx(t, 30*time.Second)
 	first := ""
 	for i := range 5 {
 		l, err := c.Acquire(ctx, key)
@@ -418,10 +332,7 @@ func TestEntryKeyReused(t *testing.T) {
 			t.Fatalf("Release %d: %v", i, err)
 		}
 	}
-	held, err := c.Acquire(ctx, key)
-	if err != nil {
-		t.Fatalf("Acquire: %v", err)
-	}
+	held := locktest.MustAcquire(t, ctx, c, key)
 	queued := make(chan *dlock.Lease, 1)
 	go func() {
 		l, err := c.Acquire(ctx, key)
@@ -431,7 +342,7 @@ func TestEntryKeyReused(t *testing.T) {
 		queued <- l
 	}()
 	cli := newCli(t, srv.Endpoints())
-	waitFor(t, 10*time.Second, "second acquisition queued", func() bool { return entries(t, cli, key) == 2 })
+	locktest.WaitFor(t, 10*time.Second, "second acquisition queued", func() bool { return entries(t, cli, key) == 2 })
 	if err := held.Release(ctx); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
@@ -455,14 +366,11 @@ func TestEntryKeyReused(t *testing.T) {
 // gone: an acquisition that first tries the lock finds the leftover and
 // deletes it before it queues).
 func TestLeftoverInSlotIsRemoved(t *testing.T) {
-	key := uniqueKey(t)
+	key := locktest.Key(t)
 	cli := newCli(t, srv.Endpoints())
 	c, b := newClient(t, srv.Endpoints())
-	ctx := ctxT(t, 30*time.Second)
-	l, err := c.Acquire(ctx, key)
-	if err != nil {
-		t.Fatalf("Acquire: %v", err)
-	}
+	ctx := locktest.Ctx(t, 30*time.Second)
+	l := locktest.MustAcquire(t, ctx, c, key)
 	slot := b.LockKey(l.Key(), l.Owner())
 	if err := l.Release(ctx); err != nil {
 		t.Fatalf("Release: %v", err)

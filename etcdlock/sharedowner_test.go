@@ -7,6 +7,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/etcdlock"
+	"github.com/dlock-go/dlock/internal/locktest"
 )
 
 // Two Backends of one owner hold the same entry; whatever one of them does
@@ -17,7 +18,7 @@ func TestSharedOwnerEntrySurvivesOtherBackend(t *testing.T) {
 	type step func(t *testing.T, b1, b2 *etcdlock.Backend, r1, r2 dlock.Request)
 	release := func(t *testing.T, b *etcdlock.Backend, r dlock.Request) {
 		t.Helper()
-		if err := b.Release(ctxT(t, 5*time.Second), r); err != nil {
+		if err := b.Release(locktest.Ctx(t, 5*time.Second), r); err != nil {
 			t.Fatalf("Release: %v", err)
 		}
 	}
@@ -54,7 +55,7 @@ func TestSharedOwnerEntrySurvivesOtherBackend(t *testing.T) {
 		{"longer-refresh-first-close", ttl, ttl, func(t *testing.T, b1, b2 *etcdlock.Backend, r1, r2 dlock.Request) {
 			r := r1
 			r.TTL = 3 * ttl
-			if err := b1.Refresh(ctxT(t, 5*time.Second), r); err != nil {
+			if err := b1.Refresh(locktest.Ctx(t, 5*time.Second), r); err != nil {
 				t.Fatal(err)
 			}
 			release(t, b1, r1)
@@ -64,7 +65,7 @@ func TestSharedOwnerEntrySurvivesOtherBackend(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel() // each mostly sleeps between renewals
-			key := uniqueKey(t)
+			key := locktest.Key(t)
 			cli := newCli(t, srv.Endpoints())
 			b1 := etcdlock.New(cli)
 			t.Cleanup(func() { b1.Close() })
@@ -78,10 +79,10 @@ func TestSharedOwnerEntrySurvivesOtherBackend(t *testing.T) {
 			// involved, and must hold the lock throughout.
 			end := time.Now().Add(3*ttl + time.Second)
 			for time.Now().Before(end) {
-				if err := b2.Refresh(ctxT(t, 5*time.Second), r2); err != nil {
+				if err := b2.Refresh(locktest.Ctx(t, 5*time.Second), r2); err != nil {
 					t.Fatalf("Refresh by the remaining holder: %v", err)
 				}
-				time.Sleep(r2.TTL / 3)
+				time.Sleep(r2.TTL / 3) // the watchdog's period
 			}
 			assertHeldBy(t, b2, cli, r2, g2, "after the other Backend's "+tc.name)
 		})
@@ -94,7 +95,7 @@ func TestSharedOwnerEntrySurvivesOtherBackend(t *testing.T) {
 func TestCutReleaseKeepsOtherHold(t *testing.T) {
 	hits, applied := 0, 0
 	for i := 0; i < 40; i++ {
-		key := uniqueKey(t)
+		key := locktest.Key(t)
 		b1, _ := newBackend(t)
 		b2, cli := newBackend(t)
 		r1, r2 := ownerReq(t, key, 3*ttl), ownerReq(t, key, 3*ttl)
@@ -107,7 +108,7 @@ func TestCutReleaseKeepsOtherHold(t *testing.T) {
 		if err != nil {
 			hits++
 		}
-		time.Sleep(300 * time.Millisecond) // the background sweep
+		locktest.WaitFor(t, 10*time.Second, "the background sweep done", func() bool { return etcdlock.Orphans(b1) == 0 })
 		if rev, v, _ := rawEntry(t, cli, b2, key, r2.Token); rev != int64(g2.Fence) {
 			t.Fatalf("cut after %v (Release: %v): the other Backend's entry is gone (at %d, %q)", time.Duration(i*50)*time.Microsecond, err, rev, v)
 		} else if err != nil && v == "1 "+r2.Token {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -31,59 +30,6 @@ func TestConformance(t *testing.T) {
 	})
 }
 
-// TestFIFOOrder queues waiters in a known order and checks they are
-// served in exactly that order.
-func TestFIFOOrder(t *testing.T) {
-	store := memlock.NewStore()
-	ctx := context.Background()
-	holder, err := dlock.New(store.Backend()).Acquire(ctx, "q")
-	if err != nil {
-		t.Fatal(err)
-	}
-	const n = 8
-	var (
-		mu    sync.Mutex
-		order []int
-		wg    sync.WaitGroup
-	)
-	for i := 0; i < n; i++ {
-		c := dlock.New(store.Backend(), dlock.WithFIFO())
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			l, err := c.Acquire(ctx, "q")
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			mu.Lock()
-			order = append(order, i)
-			mu.Unlock()
-			l.Release(ctx)
-		}()
-		// Await this waiter's arrival in the queue before starting the next.
-		waitQueued(t, store, "q", i+1)
-	}
-	holder.Release(ctx)
-	wg.Wait()
-	for i, got := range order {
-		if got != i {
-			t.Fatalf("grant order: got %v, want 0..%d in order", order, n-1)
-		}
-	}
-}
-
-func waitQueued(t *testing.T, s *memlock.Store, key string, n int) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for s.QueueLen(key) != n {
-		if time.Now().After(deadline) {
-			t.Fatalf("queue length of %q: got %d, want %d", key, s.QueueLen(key), n)
-		}
-		time.Sleep(100 * time.Microsecond)
-	}
-}
-
 func TestClosedBackend(t *testing.T) {
 	b := memlock.New()
 	b.Close()
@@ -93,24 +39,18 @@ func TestClosedBackend(t *testing.T) {
 	}
 }
 
-func BenchmarkAcquireRelease(b *testing.B) {
-	c := dlock.New(memlock.New())
-	ctx := context.Background()
-	for i := 0; b.Loop(); i++ {
-		l, err := c.Acquire(ctx, fmt.Sprint("k", i%64))
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := l.Release(ctx); err != nil {
-			b.Fatal(err)
-		}
-	}
-}
+// BenchmarkAcquireRelease is an uncontended Acquire and Release.
+func BenchmarkAcquireRelease(b *testing.B) { benchAcquireRelease(b, dlock.New(memlock.New())) }
 
 // BenchmarkAcquireReleaseFIFO takes the queue path (Waiter.Wait) for a
 // free lock, as a backend whose only waiting mode is a queue does.
 func BenchmarkAcquireReleaseFIFO(b *testing.B) {
-	c := dlock.New(memlock.New(), dlock.WithFIFO())
+	benchAcquireRelease(b, dlock.New(memlock.New(), dlock.WithFIFO()))
+}
+
+// benchAcquireRelease takes and releases a lock on one of 64 keys with c,
+// once per iteration.
+func benchAcquireRelease(b *testing.B, c *dlock.Client) {
 	ctx := context.Background()
 	for i := 0; b.Loop(); i++ {
 		l, err := c.Acquire(ctx, fmt.Sprint("k", i%64))

@@ -8,6 +8,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/locktest"
 	"github.com/dlock-go/dlock/redislock"
 	"github.com/dlock-go/dlock/redlock"
 )
@@ -111,7 +112,7 @@ func loop(b *testing.B, backend dlock.Backend) func() {
 	c := dlock.New(backend)
 	b.Cleanup(func() { c.Close() })
 	ctx := context.Background()
-	k := key(b)
+	k := locktest.Key(b)
 	op := func() {
 		l, err := c.Acquire(ctx, k)
 		if err != nil {
@@ -131,7 +132,7 @@ func bench(b *testing.B, backend dlock.Backend) {
 	c := dlock.New(backend)
 	b.Cleanup(func() { c.Close() })
 	ctx := context.Background()
-	k := key(b)
+	k := locktest.Key(b)
 	// Warm up: connections, scripts loaded on every node.
 	for i := 0; i < 3; i++ {
 		l, err := c.Acquire(ctx, k)

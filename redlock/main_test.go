@@ -3,10 +3,7 @@ package redlock_test
 import (
 	"context"
 	"crypto/rand"
-	"fmt"
-	"os"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -14,6 +11,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/locktest/testmain"
 	"github.com/dlock-go/dlock/internal/testserver"
 	"github.com/dlock-go/dlock/redlock"
 )
@@ -22,21 +20,6 @@ import (
 // tests of this package, started once by TestMain. Tests that pause, kill
 // or restart them bring them back (see fault) before they end.
 var nodes []*testserver.Redis
-
-// testMain stops the servers after the tests and before goleak looks for
-// leaked goroutines.
-type testMain struct{ m *testing.M }
-
-func (tm testMain) Run() int {
-	code := tm.m.Run()
-	if err := testserver.StopAll(nodes...); err != nil {
-		fmt.Fprintln(os.Stderr, "redlock tests: stop servers:", err)
-		if code == 0 {
-			code = 1
-		}
-	}
-	return code
-}
 
 // quietLogger drops go-redis' log lines (dial failures the tests cause on
 // purpose).
@@ -47,15 +30,13 @@ func (quietLogger) Printf(context.Context, string, ...any) {}
 func TestMain(m *testing.M) {
 	redis.SetLogger(quietLogger{})
 	var err error
-	nodes, err = testserver.StartRedisN(5, testserver.RedisOptions{})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "redlock tests:", err)
-		os.Exit(1)
+	if nodes, err = testserver.StartRedisN(5, testserver.RedisOptions{}); err != nil {
+		testmain.Fail("redlock", err)
 	}
 	// go-redis starts a dial prober after PoolSize failed dials in a row
 	// (the killed-node tests make them); it sleeps 1s between probes and
 	// notices its pool was closed only then, later than goleak waits.
-	goleak.VerifyTestMain(testMain{m},
+	testmain.Run(m, "redlock", func() error { return testserver.StopAll(nodes...) },
 		goleak.IgnoreAnyFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).tryDial"))
 }
 
@@ -106,30 +87,6 @@ func newClient(t testing.TB, bopts []redlock.Option, opts ...dlock.Option) *dloc
 		}
 	})
 	return c
-}
-
-// key returns a lock key unique to the test.
-func key(t testing.TB) string {
-	return strings.ReplaceAll(t.Name(), "/", ".") + "." + rand.Text()[:8]
-}
-
-func ctxT(t testing.TB, d time.Duration) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-// waitFor polls cond every millisecond until it holds or d passes.
-func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(time.Millisecond)
-	}
 }
 
 // A fault takes some nodes out: Pause (SIGSTOP: connections stay open,

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/locktest"
 	"github.com/dlock-go/dlock/redislock"
 	"github.com/dlock-go/dlock/redlock"
 )
@@ -57,7 +58,7 @@ func TestPropertyFaults(t *testing.T) {
 		timeout    = 15 * time.Millisecond
 		quorum     = 3
 	)
-	k := key(t)
+	k := locktest.Key(t)
 	bopts := []redlock.Option{redlock.WithNodeTimeout(timeout)}
 	var clients []*dlock.Client
 	for i := 0; i < 3; i++ {
@@ -81,7 +82,7 @@ func TestPropertyFaults(t *testing.T) {
 				}
 			}
 			if !downAt[i].IsZero() {
-				time.Sleep(time.Until(downAt[i].Add(ttl)))
+				time.Sleep(time.Until(downAt[i].Add(ttl))) // the fault: down for a TTL
 				if err := nodes[i].Restart(); err != nil {
 					t.Errorf("restart node %d: %v", i, err)
 				}

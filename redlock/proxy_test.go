@@ -95,7 +95,7 @@ func (p *delayProxy) pump(src, dst net.Conn) {
 	go func() {
 		defer close(done)
 		for c := range ch {
-			time.Sleep(time.Until(c.at))
+			time.Sleep(time.Until(c.at)) // the fault: the proxy's delay
 			if _, err := dst.Write(c.b); err != nil {
 				break
 			}

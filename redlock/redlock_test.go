@@ -601,9 +601,32 @@ func TestWokenWithMinorityDown(t *testing.T) {
 	// A node timeout a loaded machine does not reach: the three nodes up
 	// must answer the release.
 	bopts := []redlock.Option{redlock.WithNodeTimeout(time.Second), redlock.WithSubscribeTimeout(time.Second)}
-	holder, err := newClient(t, bopts, dlock.WithTTL(20*time.Second)).Acquire(locktest.Ctx(t, 10*time.Second), k)
-	if err != nil {
-		t.Fatal(err)
+	hc := newClient(t, bopts, dlock.WithTTL(20*time.Second))
+	// The holder must hold every node: a node that answered after the
+	// quorum is given back, and with two nodes paused the release would
+	// then lack a quorum.
+	look := newBackend(t)
+	var holder *dlock.Lease
+	for holder == nil {
+		l, err := hc.Acquire(locktest.Ctx(t, 10*time.Second), k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		infos, err := look.InspectNodes(locktest.Ctx(t, 10*time.Second), k)
+		held := 0
+		for _, in := range infos {
+			if in.Err == nil && in.Info.Held {
+				held++
+			}
+		}
+		if err == nil && held == len(infos) {
+			holder = l
+			break
+		}
+		if err := l.Release(locktest.Ctx(t, 10*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		k = locktest.Key(t)
 	}
 	restore := pause.apply(t, 2, 4)
 	waiting, waits := locktest.Waiting()

@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/locktest"
 	"github.com/dlock-go/dlock/redislock"
 	"github.com/dlock-go/dlock/redlock"
 )
@@ -50,7 +51,7 @@ func (h beforeWriteBack) ProcessPipelineHook(next redis.ProcessPipelineHook) red
 // (A's grant is not settled yet) or joins A's grant with A's fence; once A
 // returned, B re-enters with A's fence.
 func TestReentryDuringFreshGrant(t *testing.T) {
-	k := key(t)
+	k := locktest.Key(t)
 	owner := "job-" + k
 	const ttl = 5 * time.Second
 	b := newBackend(t, redlock.WithNodeTimeout(nodeTimeout))
@@ -66,15 +67,11 @@ func TestReentryDuringFreshGrant(t *testing.T) {
 	)
 	joinB := func() {
 		// Node 4 runs A's delayed acquire script before B starts.
-		deadline := time.Now().Add(10 * time.Second)
-		for direct[4].Exists(context.Background(), lock).Val() == 0 {
-			if time.Now().After(deadline) {
-				t.Errorf("node 4 never got A's acquire")
-				return
-			}
-			time.Sleep(time.Millisecond)
+		if !locktest.Poll(10*time.Second, func() bool { return direct[4].Exists(context.Background(), lock).Val() != 0 }) {
+			t.Errorf("node 4 never got A's acquire")
+			return
 		}
-		gb, errB = b.TryAcquire(ctxT(t, 10*time.Second), dlock.Request{Key: k, Token: owner, TTL: ttl, Reentrant: true})
+		gb, errB = b.TryAcquire(locktest.Ctx(t, 10*time.Second), dlock.Request{Key: k, Token: owner, TTL: ttl, Reentrant: true})
 	}
 	var rdbs []*redis.Client
 	for i, n := range nodes {
@@ -94,7 +91,7 @@ func TestReentryDuringFreshGrant(t *testing.T) {
 	// decided by nodes 0–3 (a quorum and a grace as long as that took),
 	// long before node 4 runs its script.
 	for _, rdb := range rdbs {
-		if err := rdb.Ping(ctxT(t, 10*time.Second)).Err(); err != nil {
+		if err := rdb.Ping(locktest.Ctx(t, 10*time.Second)).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -102,7 +99,7 @@ func TestReentryDuringFreshGrant(t *testing.T) {
 	t.Cleanup(func() { a.Close() })
 
 	ra := dlock.Request{Key: k, Token: owner, TTL: ttl, Reentrant: true}
-	ga, err := a.TryAcquire(ctxT(t, 10*time.Second), ra)
+	ga, err := a.TryAcquire(locktest.Ctx(t, 10*time.Second), ra)
 	if err != nil || !ga.OK {
 		t.Fatalf("A: got %+v, %v, want a grant", ga, err)
 	}
@@ -114,17 +111,17 @@ func TestReentryDuringFreshGrant(t *testing.T) {
 	if gb.OK && gb.Fence != ga.Fence {
 		t.Errorf("one owner, one hold, two fences: A %d, B %d (B joined A's grant)", ga.Fence, gb.Fence)
 	}
-	if err := b.Refresh(ctxT(t, 10*time.Second), ra); err != nil {
+	if err := b.Refresh(locktest.Ctx(t, 10*time.Second), ra); err != nil {
 		t.Errorf("A's lease, fence %d: Refresh: %v", ga.Fence, err)
 	}
 	rb := dlock.Request{Key: k, Token: owner, TTL: ttl, Reentrant: true, Fence: gb.Fence}
 	if gb.OK {
-		if err := b.Refresh(ctxT(t, 10*time.Second), rb); err != nil {
+		if err := b.Refresh(locktest.Ctx(t, 10*time.Second), rb); err != nil {
 			t.Errorf("B's lease, fence %d: Refresh: %v", gb.Fence, err)
 		}
 	}
 	// Once A returned, B re-enters A's hold.
-	g2, err := b.TryAcquire(ctxT(t, 10*time.Second), dlock.Request{Key: k, Token: owner, TTL: ttl, Reentrant: true})
+	g2, err := b.TryAcquire(locktest.Ctx(t, 10*time.Second), dlock.Request{Key: k, Token: owner, TTL: ttl, Reentrant: true})
 	if err != nil || !g2.OK || g2.Fence != ga.Fence || g2.Count < 2 {
 		t.Errorf("B after A returned: got %+v, %v, want a re-entry with fence %d", g2, err, ga.Fence)
 	}
@@ -133,6 +130,6 @@ func TestReentryDuringFreshGrant(t *testing.T) {
 		if r.Fence == 0 || (r == rb && !gb.OK) || (r == r2 && !g2.OK) {
 			continue
 		}
-		_ = b.Release(ctxT(t, 10*time.Second), r)
+		_ = b.Release(locktest.Ctx(t, 10*time.Second), r)
 	}
 }

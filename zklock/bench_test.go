@@ -2,19 +2,16 @@ package zklock_test
 
 import (
 	"bufio"
-	"context"
 	"fmt"
 	"net"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/locktest/handoff"
 	"github.com/dlock-go/dlock/internal/testserver"
 	"github.com/dlock-go/dlock/zklock"
 	"github.com/go-zookeeper/zk"
@@ -46,11 +43,7 @@ import (
 // TMPDIR=/dev/shm puts the server's data directory on tmpfs, which takes a
 // disk shared with other work out of the comparison (an additional
 // figure, not a replacement).
-func BenchmarkHandoff(b *testing.B) {
-	for _, n := range []int{16, 2} {
-		b.Run(fmt.Sprintf("workers=%d", n), func(b *testing.B) { benchHandoff(b, n) })
-	}
-}
+func BenchmarkHandoff(b *testing.B) { handoff.Run(b, benchHandoff) }
 
 func benchHandoff(b *testing.B, workers int) {
 	const (
@@ -61,153 +54,76 @@ func benchHandoff(b *testing.B, workers int) {
 	)
 	key := fmt.Sprintf("bench-%d", time.Now().UnixNano())
 	newOurs := func(ahead bool) *contenders {
-		return newContenders(workers, hold, func() (lock, unlock, close func()) {
+		return newContenders(workers, hold, func() handoff.Worker {
 			_, be, err := zklock.Connect([]string{zkServer.Addr()}, session, zklock.WithLogger(quiet{}))
 			if err != nil {
 				b.Fatal(err)
 			}
 			be.SetWatchAhead(ahead)
-			c := dlock.New(be, dlock.WithTTL(session))
-			var l *dlock.Lease
-			lock = func() {
-				var err error
-				if l, err = c.Acquire(context.Background(), key); err != nil {
-					b.Error(err)
-				}
-			}
-			unlock = func() {
-				if err := l.Release(context.Background()); err != nil {
-					b.Error(err)
-				}
-			}
-			return lock, unlock, func() { c.Close() }
+			return handoff.ClientWorker(b, dlock.New(be, dlock.WithTTL(session)), key)
 		})
 	}
 	// The sets take turns, in a rotating order: zklock as in production,
 	// zklock without watching the node ahead of the predecessor (what that
 	// saves), and the peer.
-	sets := []*contenders{newOurs(true), newOurs(false), newContenders(workers, hold, func() (lock, unlock, close func()) {
+	sets := []*contenders{newOurs(true), newOurs(false), newContenders(workers, hold, func() handoff.Worker {
 		conn, _, err := zk.Connect([]string{zkServer.Addr()}, session, zk.WithLogger(quiet{}))
 		if err != nil {
 			b.Fatal(err)
 		}
 		zl := zk.NewLock(conn, "/zklock-bench/"+key, zk.WorldACL(zk.PermAll))
-		lock = func() {
-			if err := zl.Lock(); err != nil {
-				b.Error(err)
-			}
+		return handoff.Worker{
+			Lock: func() {
+				if err := zl.Lock(); err != nil {
+					b.Error(err)
+				}
+			},
+			Unlock: func() {
+				if err := zl.Unlock(); err != nil {
+					b.Error(err)
+				}
+			},
+			Close: conn.Close,
 		}
-		unlock = func() {
-			if err := zl.Unlock(); err != nil {
-				b.Error(err)
-			}
-		}
-		return lock, unlock, conn.Close
 	})}
 	names := []string{"zklock", "zklock (no watch ahead)", "zk.Lock"}
 	for _, c := range sets {
-		defer c.close()
+		defer c.Close()
 	}
-	run := func(i int) float64 { return sets[i].run(slice) }
-	for range 4 { // warm-up: the JVM's JIT compiler, parent nodes
-		for i := range sets {
-			run(i)
-		}
-	}
-	rates := make([][]float64, len(sets))
-	ratios := make([][]float64, len(sets)) // to the peer, per round
-	for r := range rounds {
-		got := make([]float64, len(sets))
-		for k := range sets {
-			i := (r + k) % len(sets)
-			got[i] = run(i)
-		}
-		peer := got[len(sets)-1]
-		for i := range sets {
-			rates[i] = append(rates[i], got[i])
-			ratios[i] = append(ratios[i], got[i]/peer)
-		}
-	}
+	rates, ratios := handoff.Rounds(len(sets), rounds, func(i int) float64 { return sets[i].run(slice) })
 	for i, name := range names {
 		b.Logf("%-24s hand-offs/s per slice: %.0f", name, rates[i])
-		b.Logf("%-24s median %.0f/s, median ratio to the peer %.2f; per grant: %s", name, median(rates[i]), median(ratios[i]), sets[i].srv.per(sets[i].total))
+		b.Logf("%-24s median %.0f/s, median ratio to the peer %.2f; per grant: %s", name, handoff.Median(rates[i]), handoff.Median(ratios[i]), sets[i].srv.per(sets[i].Total))
 	}
-	b.ReportMetric(median(rates[0]), "zklock-handoffs/s")
-	b.ReportMetric(median(rates[len(sets)-1]), "zk.Lock-handoffs/s")
-	b.ReportMetric(median(ratios[0]), "median-ratio")
-	b.ReportMetric(median(ratios[1]), "noahead-median-ratio")
-	b.ReportMetric(sets[0].srv.requests/float64(max(sets[0].total, 1)), "zklock-reqs/op")
-	b.ReportMetric(sets[1].srv.requests/float64(max(sets[1].total, 1)), "noahead-reqs/op")
-	b.ReportMetric(sets[2].srv.requests/float64(max(sets[2].total, 1)), "zk.Lock-reqs/op")
+	b.ReportMetric(handoff.Median(rates[0]), "zklock-handoffs/s")
+	b.ReportMetric(handoff.Median(rates[len(sets)-1]), "zk.Lock-handoffs/s")
+	b.ReportMetric(handoff.Median(ratios[0]), "median-ratio")
+	b.ReportMetric(handoff.Median(ratios[1]), "noahead-median-ratio")
+	b.ReportMetric(sets[0].srv.requests/float64(max(sets[0].Total, 1)), "zklock-reqs/op")
+	b.ReportMetric(sets[1].srv.requests/float64(max(sets[1].Total, 1)), "noahead-reqs/op")
+	b.ReportMetric(sets[2].srv.requests/float64(max(sets[2].Total, 1)), "zk.Lock-reqs/op")
 }
 
-// contenders are goroutines that take turns holding one lock, each with
-// its own session, while run lets them.
+// contenders are a handoff.Set and what the ZooKeeper server counted
+// while it ran.
 type contenders struct {
-	hold    time.Duration
-	workers []contender
-	grants  atomic.Int64
-	total   int64     // grants over every run
-	srv     zkMetrics // what the server counted during the runs
+	*handoff.Set
+	srv zkMetrics
 }
 
-type contender struct{ lock, unlock, close func() }
-
-func newContenders(n int, hold time.Duration, setup func() (lock, unlock, close func())) *contenders {
-	c := &contenders{hold: hold}
-	for range n {
-		var w contender
-		w.lock, w.unlock, w.close = setup()
-		c.workers = append(c.workers, w)
-	}
-	return c
+// newContenders returns n workers made by newWorker, each holding the
+// lock for hold (holdFor).
+func newContenders(n int, hold time.Duration, newWorker func() handoff.Worker) *contenders {
+	return &contenders{Set: handoff.NewSet(n, func() { holdFor(hold) }, newWorker)}
 }
 
-// run lets the workers contend for d and returns the grants per second,
-// counting the grants of the workers' last turns too.
+// run runs the set for d and returns its grants per second, adding what
+// the server counted meanwhile to c.srv.
 func (c *contenders) run(d time.Duration) float64 {
-	var (
-		stop atomic.Bool
-		wg   sync.WaitGroup
-	)
 	before := scrape()
-	c.grants.Store(0)
-	began := time.Now()
-	for _, w := range c.workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for !stop.Load() {
-				w.lock()
-				c.grants.Add(1)
-				holdFor(c.hold)
-				w.unlock()
-			}
-		}()
-	}
-	time.Sleep(d)
-	stop.Store(true)
-	wg.Wait()
-	rate := float64(c.grants.Load()) / time.Since(began).Seconds()
-	c.total += c.grants.Load()
+	rate := c.Run(d)
 	c.srv.add(scrape(), before)
 	return rate
-}
-
-func (c *contenders) close() {
-	for _, w := range c.workers {
-		w.close()
-	}
-}
-
-func median(xs []float64) float64 {
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	if n := len(s); n%2 == 1 {
-		return s[n/2]
-	}
-	n := len(s)
-	return (s[n/2-1] + s[n/2]) / 2
 }
 
 // zkMetrics are counters of the ZooKeeper server (four-letter word mntr)

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/locktest"
 	"github.com/dlock-go/dlock/internal/testserver"
 	"github.com/dlock-go/dlock/zklock"
 	"github.com/go-zookeeper/zk"
@@ -49,11 +50,8 @@ func TestServerStoppedLongerThanSession(t *testing.T) {
 	const session = 2 * time.Second
 	srv := startServer(t)
 	c, _ := client(t, srv.Addr(), session)
-	ctx := ctxFor(t, time.Minute)
-	l, err := c.Acquire(ctx, key(t))
-	if err != nil {
-		t.Fatalf("Acquire: %v", err)
-	}
+	ctx := locktest.Ctx(t, time.Minute)
+	l := locktest.MustAcquire(t, ctx, c, locktest.Key(t))
 	work, cancel := l.Context(context.Background())
 	defer cancel()
 
@@ -75,17 +73,15 @@ func TestServerStoppedLongerThanSession(t *testing.T) {
 	}
 	t.Logf("lease lost %v after the server was killed (session timeout %v)", lostAfter.Round(time.Millisecond), session)
 
-	// Keep the server down past the session timeout, then bring it back.
+	// The fault: the server stays down past the session timeout, then
+	// comes back.
 	time.Sleep(time.Until(stopped.Add(session + 500*time.Millisecond)))
 	if err := srv.Restart(); err != nil {
 		t.Fatalf("Restart: %v", err)
 	}
 	restarted := time.Now()
 	c2, _ := client(t, srv.Addr(), session)
-	l2, err := c2.Acquire(ctx, l.Key())
-	if err != nil {
-		t.Fatalf("Acquire after the restart: %v", err)
-	}
+	l2 := locktest.MustAcquire(t, ctx, c2, l.Key())
 	t.Logf("lock taken by another session %v after the restart", time.Since(restarted).Round(time.Millisecond))
 	if l2.Fence() <= l.Fence() {
 		t.Fatalf("fence after the outage: got %d, want > %d", l2.Fence(), l.Fence())
@@ -112,12 +108,9 @@ func TestDisconnectIsSuspended(t *testing.T) {
 	_, b := connect(t, zkServer.Addr(), session, record)
 	c := dlock.New(b, dlock.WithTTL(session))
 	defer c.Close()
-	ctx := ctxFor(t, time.Minute)
-	k := key(t)
-	l, err := c.Acquire(ctx, k)
-	if err != nil {
-		t.Fatalf("Acquire: %v", err)
-	}
+	ctx := locktest.Ctx(t, time.Minute)
+	k := locktest.Key(t)
+	l := locktest.MustAcquire(t, ctx, c, k)
 	defer l.Release(context.Background())
 	if err := l.Refresh(ctx, 0); err != nil { // Expires ≈ now + 10s
 		t.Fatalf("Refresh: %v", err)
@@ -180,8 +173,10 @@ func TestHelperProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	fmt.Printf("HELD %d\n", l.Fence())
-	time.Sleep(time.Minute) // until SIGKILLed
-	t.Fatal("helper was not killed")
+	// Until SIGKILLed. A lost lease ends the helper: if the test binary
+	// dies instead, its ZooKeeper server dies with it and the session ends.
+	<-l.Done()
+	t.Fatalf("lease lost before the helper was killed: %v", l.Err())
 }
 
 // TestHolderProcessKilled SIGKILLs a process holding the lock (session
@@ -199,7 +194,7 @@ func TestKindHolderProcessKilled(t *testing.T) {
 
 func holderKilled(t *testing.T, kind dlock.Kind) {
 	const session = 2 * time.Second
-	k := key(t)
+	k := locktest.Key(t)
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$")
 	cmd.Env = append(os.Environ(),
 		helperEnv+"=hold",
@@ -244,31 +239,20 @@ func holderKilled(t *testing.T, kind dlock.Kind) {
 	// session timeout is measured.
 	c, b := client(t, zkServer.Addr(), 10*time.Second)
 	obs := observer(t, zkServer.Addr())
-	ctx := ctxFor(t, time.Minute)
-	got := make(chan *dlock.Lease, 1)
-	go func() {
-		var l *dlock.Lease
-		var err error
+	ctx := locktest.Ctx(t, time.Minute)
+	wait := locktest.Go(func() (*dlock.Lease, error) {
 		if kind == dlock.KindPermit {
-			l, err = c.Semaphore(k, 1).Acquire(ctx)
-		} else {
-			l, err = c.Acquire(ctx, k) // a writer, behind a reader
+			return c.Semaphore(k, 1).Acquire(ctx)
 		}
-		if err != nil {
-			t.Errorf("waiter: %v", err)
-		}
-		got <- l
-	}()
+		return c.Acquire(ctx, k) // a writer, behind a reader
+	})
 	awaitQueue(t, obs, b.KeyPath(k), 2)
 	killed := time.Now()
 	if err := cmd.Process.Kill(); err != nil {
 		t.Fatalf("SIGKILL helper (pid %d): %v", cmd.Process.Pid, err)
 	}
-	l := <-got
+	l := locktest.Granted(t, wait, time.Minute)
 	took := time.Since(killed)
-	if l == nil {
-		t.FailNow()
-	}
 	defer l.Release(context.Background())
 	t.Logf("next waiter acquired %v after the %s holder process was SIGKILLed (session timeout %v)", took.Round(time.Millisecond), kind, session)
 	if limit := session + time.Second; took > limit {
@@ -413,8 +397,8 @@ func TestLostCreateReplyIsRecovered(t *testing.T) {
 			_, b := connect(t, p.Addr(), session)
 			c := dlock.New(b, dlock.WithTTL(session))
 			defer c.Close()
-			ctx := ctxFor(t, time.Minute)
-			k := key(t)
+			ctx := locktest.Ctx(t, time.Minute)
+			k := locktest.Key(t)
 			// First use creates the queue node (containers survive the
 			// test); the cut must hit the lock node's create.
 			warm, err := c.TryAcquire(ctx, k)

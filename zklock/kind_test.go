@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/locktest"
 	"github.com/dlock-go/dlock/zklock"
 	"github.com/go-zookeeper/zk"
 )
@@ -34,47 +35,6 @@ func kindClient(t *testing.T) (*dlock.Client, *zklock.Backend, *opCounter) {
 	return c, b, counter
 }
 
-// asyncLease is an acquisition running on its own goroutine.
-type asyncLease struct {
-	l   *dlock.Lease
-	err error
-}
-
-func goAcquire(f func() (*dlock.Lease, error)) <-chan asyncLease {
-	ch := make(chan asyncLease, 1)
-	go func() {
-		l, err := f()
-		ch <- asyncLease{l, err}
-	}()
-	return ch
-}
-
-// granted waits for an acquisition and fails the test unless it got a
-// lease.
-func granted(t *testing.T, ch <-chan asyncLease) *dlock.Lease {
-	t.Helper()
-	select {
-	case r := <-ch:
-		if r.err != nil {
-			t.Fatalf("acquisition: %v", r.err)
-		}
-		return r.l
-	case <-time.After(30 * time.Second):
-		t.Fatal("acquisition not granted within 30s")
-	}
-	return nil
-}
-
-// notYet fails the test if the acquisition has finished.
-func notYet(t *testing.T, ch <-chan asyncLease, what string) {
-	t.Helper()
-	select {
-	case r := <-ch:
-		t.Fatalf("%s: finished (lease %v, error %v), want still waiting", what, r.l != nil, r.err)
-	default:
-	}
-}
-
 func mustRelease(t *testing.T, l *dlock.Lease) {
 	t.Helper()
 	if err := l.Release(context.Background()); err != nil {
@@ -89,8 +49,8 @@ func TestKindRoundTrips(t *testing.T) {
 	for _, kind := range []dlock.Kind{dlock.KindPermit, dlock.KindRead} {
 		t.Run(kind.String(), func(t *testing.T) {
 			c, _, counter := kindClient(t)
-			ctx := ctxFor(t, time.Minute)
-			k := key(t)
+			ctx := locktest.Ctx(t, time.Minute)
+			k := locktest.Key(t)
 			acquire := func() (*dlock.Lease, error) {
 				if kind == dlock.KindPermit {
 					return c.Semaphore(k, 3).Acquire(ctx)
@@ -139,26 +99,26 @@ func TestKindRoundTrips(t *testing.T) {
 func TestKindHandoff(t *testing.T) {
 	for _, kind := range []dlock.Kind{dlock.KindPermit, dlock.KindRead} {
 		t.Run(kind.String(), func(t *testing.T) {
-			k := key(t)
-			ctx := ctxFor(t, time.Minute)
+			k := locktest.Key(t)
+			ctx := locktest.Ctx(t, time.Minute)
 			hc, hb := client(t, zkServer.Addr(), 10*time.Second)
 			c, _, counter := kindClient(t)
 			var holder *dlock.Lease
 			var err error
-			var wait <-chan asyncLease
+			var wait <-chan locktest.Outcome
 			if kind == dlock.KindPermit {
 				holder, err = hc.Semaphore(k, 1).Acquire(ctx)
-				wait = goAcquire(func() (*dlock.Lease, error) { return c.Semaphore(k, 1).Acquire(ctx) })
+				wait = locktest.Go(func() (*dlock.Lease, error) { return c.Semaphore(k, 1).Acquire(ctx) })
 			} else {
 				holder, err = hc.RWLock(k).Lock(ctx)
-				wait = goAcquire(func() (*dlock.Lease, error) { return c.RWLock(k).RLock(ctx) })
+				wait = locktest.Go(func() (*dlock.Lease, error) { return c.RWLock(k).RLock(ctx) })
 			}
 			if err != nil {
 				t.Fatal(err)
 			}
 			waitOps(t, counter, func(ops map[int32]int) bool { return ops[reqGetData] == 1 })
 			mustRelease(t, holder)
-			l := granted(t, wait)
+			l := locktest.Granted(t, wait, 30*time.Second)
 			start := time.Now()
 			mustRelease(t, l)
 			awaitQueue(t, observer(t, zkServer.Addr()), hb.KeyPath(k), 0)
@@ -184,9 +144,9 @@ func TestKindHandoff(t *testing.T) {
 // watches the two holders; the third sends nothing.
 func TestPermitWakesFirstWaiterOnly(t *testing.T) {
 	const n = 2
-	k := key(t)
+	k := locktest.Key(t)
 	obs := observer(t, zkServer.Addr())
-	ctx := ctxFor(t, time.Minute)
+	ctx := locktest.Ctx(t, time.Minute)
 	hc, hb := client(t, zkServer.Addr(), 10*time.Second)
 	var holders []*dlock.Lease
 	for range n {
@@ -197,11 +157,11 @@ func TestPermitWakesFirstWaiterOnly(t *testing.T) {
 		holders = append(holders, l)
 	}
 	path := hb.KeyPath(k)
-	var waits []<-chan asyncLease
+	var waits []<-chan locktest.Outcome
 	var counters []*opCounter
 	for i := range 3 {
 		c, _, counter := kindClient(t)
-		waits = append(waits, goAcquire(func() (*dlock.Lease, error) { return c.Semaphore(k, n).Acquire(ctx) }))
+		waits = append(waits, locktest.Go(func() (*dlock.Lease, error) { return c.Semaphore(k, n).Acquire(ctx) }))
 		counters = append(counters, counter)
 		awaitQueue(t, obs, path, n+i+1)
 	}
@@ -214,12 +174,12 @@ func TestPermitWakesFirstWaiterOnly(t *testing.T) {
 		c.take()
 	}
 	mustRelease(t, holders[1])
-	first := granted(t, waits[0])
+	first := locktest.Granted(t, waits[0], 30*time.Second)
 	// The grant's signal wakes the second waiter, now first in line.
 	waitOps(t, counters[0], func(ops map[int32]int) bool { return ops[reqSetData] == 1 })
 	waitOps(t, counters[1], func(ops map[int32]int) bool { return ops[reqChildren] == 1 && ops[reqGetData] == n })
-	notYet(t, waits[1], "second waiter")
-	notYet(t, waits[2], "third waiter")
+	locktest.NotYet(t, waits[1], "second waiter")
+	locktest.NotYet(t, waits[2], "third waiter")
 	if ops := counters[2].take(); ops[reqChildren]+ops[reqGetData]+ops[reqExists] != 0 {
 		t.Fatalf("third waiter's requests after a release: got %v (by opcode), want none", ops)
 	}
@@ -227,12 +187,12 @@ func TestPermitWakesFirstWaiterOnly(t *testing.T) {
 	// third.
 	counters[1].take()
 	mustRelease(t, holders[0])
-	second := granted(t, waits[1])
+	second := locktest.Granted(t, waits[1], 30*time.Second)
 	if first.Fence() <= holders[1].Fence() || second.Fence() <= first.Fence() {
 		t.Fatalf("fences %d, %d, then %d and %d: want increasing in arrival order", holders[0].Fence(), holders[1].Fence(), first.Fence(), second.Fence())
 	}
 	mustRelease(t, first)
-	mustRelease(t, granted(t, waits[2]))
+	mustRelease(t, locktest.Granted(t, waits[2], 30*time.Second))
 	mustRelease(t, second)
 	awaitQueue(t, obs, path, 0)
 }
@@ -241,9 +201,9 @@ func TestPermitWakesFirstWaiterOnly(t *testing.T) {
 // reader: each reader behind a writer waits (a queued writer stops later
 // readers), and is woken only when the writer nearest ahead of it leaves.
 func TestReaderWatchesNearestWriter(t *testing.T) {
-	k := key(t)
+	k := locktest.Key(t)
 	obs := observer(t, zkServer.Addr())
-	ctx := ctxFor(t, time.Minute)
+	ctx := locktest.Ctx(t, time.Minute)
 	c0, b0 := client(t, zkServer.Addr(), 10*time.Second)
 	r0, err := c0.RWLock(k).RLock(ctx)
 	if err != nil {
@@ -251,7 +211,7 @@ func TestReaderWatchesNearestWriter(t *testing.T) {
 	}
 	path := b0.KeyPath(k)
 	kinds := []dlock.Kind{dlock.KindLock, dlock.KindRead, dlock.KindLock, dlock.KindRead}
-	var waits []<-chan asyncLease
+	var waits []<-chan locktest.Outcome
 	var counters []*opCounter
 	for i, kind := range kinds {
 		c, _, counter := kindClient(t)
@@ -260,7 +220,7 @@ func TestReaderWatchesNearestWriter(t *testing.T) {
 		if kind == dlock.KindRead {
 			f = rw.RLock
 		}
-		waits = append(waits, goAcquire(func() (*dlock.Lease, error) { return f(ctx) }))
+		waits = append(waits, locktest.Go(func() (*dlock.Lease, error) { return f(ctx) }))
 		counters = append(counters, counter)
 		awaitQueue(t, obs, path, i+2)
 	}
@@ -272,18 +232,18 @@ func TestReaderWatchesNearestWriter(t *testing.T) {
 		c.take()
 	}
 	mustRelease(t, r0)
-	w1 := granted(t, waits[0])
+	w1 := locktest.Granted(t, waits[0], 30*time.Second)
 	if w1.Fence() <= r0.Fence() {
 		t.Fatalf("writer's fence %d, want above the reader's %d", w1.Fence(), r0.Fence())
 	}
-	notYet(t, waits[1], "reader behind the writer")
+	locktest.NotYet(t, waits[1], "reader behind the writer")
 	mustRelease(t, w1)
-	r2 := granted(t, waits[1])
+	r2 := locktest.Granted(t, waits[1], 30*time.Second)
 	if r2.Fence() <= w1.Fence() {
 		t.Fatalf("reader's fence %d after the writer's %d: want above", r2.Fence(), w1.Fence())
 	}
-	notYet(t, waits[2], "second writer")
-	notYet(t, waits[3], "reader behind the second writer")
+	locktest.NotYet(t, waits[2], "second writer")
+	locktest.NotYet(t, waits[3], "reader behind the second writer")
 	if ops := counters[3].take(); ops[reqChildren]+ops[reqGetData]+ops[reqExists] != 0 {
 		t.Fatalf("last reader's requests after releases that did not concern it: got %v (by opcode), want none", ops)
 	}
@@ -296,9 +256,9 @@ func TestReaderWatchesNearestWriter(t *testing.T) {
 		t.Fatalf("Inspect: got %+v, want one read hold (fence %d) and 2 waiters", info, r2.Fence())
 	}
 	mustRelease(t, r2)
-	w3 := granted(t, waits[2])
+	w3 := locktest.Granted(t, waits[2], 30*time.Second)
 	mustRelease(t, w3)
-	r4 := granted(t, waits[3])
+	r4 := locktest.Granted(t, waits[3], 30*time.Second)
 	mustRelease(t, r4)
 	awaitQueue(t, obs, path, 0)
 }
@@ -307,23 +267,20 @@ func TestReaderWatchesNearestWriter(t *testing.T) {
 // permits, and a permit count that disagrees with the holders' fail with
 // clear errors and leave no node behind; the holders keep their holds.
 func TestKindMismatch(t *testing.T) {
-	ctx := ctxFor(t, time.Minute)
+	ctx := locktest.Ctx(t, time.Minute)
 	obs := observer(t, zkServer.Addr())
 	hc, hb := client(t, zkServer.Addr(), 10*time.Second)
 	c, _ := client(t, zkServer.Addr(), 10*time.Second)
 
-	lk := key(t)
-	lock, err := hc.Acquire(ctx, lk)
-	if err != nil {
-		t.Fatal(err)
-	}
+	lk := locktest.Key(t)
+	lock := locktest.MustAcquire(t, ctx, hc, lk)
 	if _, err := c.Semaphore(lk, 2).Acquire(ctx); !errors.Is(err, dlock.ErrWrongType) {
 		t.Fatalf("permit of a locked key: got %v, want ErrWrongType", err)
 	}
 	awaitQueue(t, obs, hb.KeyPath(lk), 1)
 	mustRelease(t, lock)
 
-	sk := key(t)
+	sk := locktest.Key(t)
 	permit, err := hc.Semaphore(sk, 2).Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -356,8 +313,8 @@ func TestKindMismatch(t *testing.T) {
 // (its Backend closed) gives its permit back at once: its node was
 // ephemeral.
 func TestPermitOfDeadHolder(t *testing.T) {
-	k := key(t)
-	ctx := ctxFor(t, time.Minute)
+	k := locktest.Key(t)
+	ctx := locktest.Ctx(t, time.Minute)
 	_, hb := connect(t, zkServer.Addr(), 10*time.Second)
 	hc := dlock.New(hb, dlock.WithTTL(10*time.Second))
 	dead, err := hc.Semaphore(k, 1).Acquire(ctx)
@@ -365,11 +322,11 @@ func TestPermitOfDeadHolder(t *testing.T) {
 		t.Fatal(err)
 	}
 	c, _ := client(t, zkServer.Addr(), 10*time.Second)
-	wait := goAcquire(func() (*dlock.Lease, error) { return c.Semaphore(k, 1).Acquire(ctx) })
+	wait := locktest.Go(func() (*dlock.Lease, error) { return c.Semaphore(k, 1).Acquire(ctx) })
 	awaitQueue(t, observer(t, zkServer.Addr()), hb.KeyPath(k), 2)
 	start := time.Now()
 	hb.Close() // the session ends; the Client is not told to release
-	l := granted(t, wait)
+	l := locktest.Granted(t, wait, 30*time.Second)
 	t.Logf("permit returned %v after the holder's session ended", time.Since(start))
 	if l.Fence() <= dead.Fence() {
 		t.Fatalf("fence %d after the dead holder's %d: want above", l.Fence(), dead.Fence())
@@ -387,8 +344,8 @@ func TestPermitOfDeadHolder(t *testing.T) {
 // bytes it holds, Inspect reports it, and the next leader's term is
 // higher.
 func TestElectionValue(t *testing.T) {
-	k := key(t)
-	ctx := ctxFor(t, time.Minute)
+	k := locktest.Key(t)
+	ctx := locktest.Ctx(t, time.Minute)
 	c1, b1 := client(t, zkServer.Addr(), 10*time.Second)
 	c2, _ := client(t, zkServer.Addr(), 10*time.Second)
 	e1, e2 := c1.Election(k), c2.Election(k)
@@ -397,7 +354,7 @@ func TestElectionValue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wait := goAcquire(func() (*dlock.Lease, error) { return e2.Campaign(ctx, "second") })
+	wait := locktest.Go(func() (*dlock.Lease, error) { return e2.Campaign(ctx, "second") })
 	awaitQueue(t, observer(t, zkServer.Addr()), b1.KeyPath(k), 2)
 	cur, err := e2.Leader(ctx)
 	if err != nil || cur.Value != val || cur.Term != l1.Fence() || cur.Owner != l1.Owner() {
@@ -409,11 +366,11 @@ func TestElectionValue(t *testing.T) {
 	if cur, err := e2.Leader(ctx); err != nil || cur.Value != "" || cur.Owner != l1.Owner() {
 		t.Fatalf("Leader after Proclaim(\"\"): got %+v, %v", cur, err)
 	}
-	notYet(t, wait, "second campaigner")
+	locktest.NotYet(t, wait, "second campaigner")
 	if err := e1.Resign(ctx); err != nil {
 		t.Fatal(err)
 	}
-	l2 := granted(t, wait)
+	l2 := locktest.Granted(t, wait, 30*time.Second)
 	if cur, err := e1.Leader(ctx); err != nil || cur.Value != "second" || cur.Term != l2.Fence() || cur.Term <= l1.Fence() {
 		t.Fatalf("Leader after the hand-over: got %+v, %v; want value second, term %d > %d", cur, err, l2.Fence(), l1.Fence())
 	}
@@ -423,8 +380,8 @@ func TestElectionValue(t *testing.T) {
 // TestForeignNodesAreLocks: a node of go-zookeeper's zk.Lock in the
 // queue is an exclusive holder for readers and permits alike.
 func TestForeignNodesAreLocks(t *testing.T) {
-	k := key(t)
-	ctx := ctxFor(t, time.Minute)
+	k := locktest.Key(t)
+	ctx := locktest.Ctx(t, time.Minute)
 	c, b := client(t, zkServer.Addr(), 10*time.Second)
 	zl := zk.NewLock(observer(t, zkServer.Addr()), b.KeyPath(k), zk.WorldACL(zk.PermAll))
 	if err := zl.Lock(); err != nil {
@@ -455,7 +412,7 @@ func TestForeignNodesAreLocks(t *testing.T) {
 // or after waiting; the deletion of the node behind the holder's back
 // ends the lease at once, watched yet or not; nothing is left behind.
 func TestKindFenceAndLoss(t *testing.T) {
-	for _, mode := range []string{"Connect", "New"} {
+	for _, mode := range modes {
 		for _, kind := range []dlock.Kind{dlock.KindPermit, dlock.KindRead} {
 			for _, watched := range []bool{false, true} {
 				t.Run(fmt.Sprintf("%s/%s/watched=%v", mode, kind, watched), func(t *testing.T) {
@@ -467,18 +424,11 @@ func TestKindFenceAndLoss(t *testing.T) {
 }
 
 func kindFenceAndLoss(t *testing.T, mode string, kind dlock.Kind, watched bool) {
-	var b *zklock.Backend
-	if mode == "Connect" {
-		_, b = connect(t, zkServer.Addr(), 10*time.Second)
-	} else {
-		b = zklock.New(observer(t, zkServer.Addr()), zklock.WithSessionTimeout(10*time.Second))
-	}
-	c := dlock.New(b, dlock.WithTTL(10*time.Second))
-	defer c.Close()
+	c, b := modeClient(t, mode)
 	hc, _ := client(t, zkServer.Addr(), 10*time.Second)
 	obs := observer(t, zkServer.Addr())
-	ctx := ctxFor(t, time.Minute)
-	k := key(t)
+	ctx := locktest.Ctx(t, time.Minute)
+	k := locktest.Key(t)
 	path := b.KeyPath(k)
 	acquire := func(c *dlock.Client, holder bool) (*dlock.Lease, error) {
 		switch {
@@ -503,21 +453,15 @@ func kindFenceAndLoss(t *testing.T, mode string, kind dlock.Kind, watched bool) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	wait := goAcquire(func() (*dlock.Lease, error) { return acquire(c, false) })
+	wait := locktest.Go(func() (*dlock.Lease, error) { return acquire(c, false) })
 	awaitQueue(t, obs, path, 2)
 	mustRelease(t, h)
-	l = granted(t, wait)
+	l = locktest.Granted(t, wait, 30*time.Second)
 	if got, want := l.Fence(), fenceOf(t, obs, path); got != want || got <= h.Fence() {
 		t.Fatalf("fence after waiting: got %d, want the node's czxid %d, above the holder's %d", got, want, h.Fence())
 	}
 	if watched {
-		deadline := time.Now().Add(10 * time.Second)
-		for !b.Watched(k) {
-			if time.Now().After(deadline) {
-				t.Fatal("hold not watched 10s after its grant")
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		locktest.WaitFor(t, 10*time.Second, "hold watched", func() bool { return b.Watched(k) })
 	}
 	node := awaitQueue(t, obs, path, 1)[0] // the holder's left
 	if err := obs.Delete(path+"/"+node, -1); err != nil {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/locktest"
 	"github.com/dlock-go/dlock/zklock"
 	"github.com/go-zookeeper/zk"
 )
@@ -18,14 +19,8 @@ import (
 // the grant nobody holds any more is deleted (in the background: the lost
 // lease was never released).
 func TestReentryOutlivesLostSibling(t *testing.T) {
-	ctx := ctxFor(t, time.Minute)
-	_, b := connect(t, zkServer.Addr(), 2*time.Second)
-	obs := observer(t, zkServer.Addr())
-	r := dlock.Request{Key: key(t), Token: "job-1", TTL: 2 * time.Second, Reentrant: true}
-	g, err := b.TryAcquire(ctx, r)
-	if err != nil || !g.OK {
-		t.Fatalf("TryAcquire: got %+v, %v, want a grant", g, err)
-	}
+	ctx := locktest.Ctx(t, time.Minute)
+	b, obs, r, g := ownedGrant(t)
 	r.Fence = g.Fence
 	stop1 := b.NotifyLoss(r, func(error) {})
 	if g, err := b.TryAcquire(ctx, dlock.Request{Key: r.Key, Token: r.Token, TTL: r.TTL, Reentrant: true}); err != nil || !g.OK || g.Count != 2 {
@@ -54,14 +49,8 @@ func TestReentryOutlivesLostSibling(t *testing.T) {
 // Client gave it up) has its node deleted in the background, while a hold
 // that a lease registers for again within the grace keeps it.
 func TestLostHoldIsReaped(t *testing.T) {
-	ctx := ctxFor(t, time.Minute)
-	_, b := connect(t, zkServer.Addr(), 2*time.Second)
-	obs := observer(t, zkServer.Addr())
-	r := dlock.Request{Key: key(t), Token: "job-1", TTL: 2 * time.Second, Reentrant: true}
-	g, err := b.TryAcquire(ctx, r)
-	if err != nil || !g.OK {
-		t.Fatalf("TryAcquire: got %+v, %v, want a grant", g, err)
-	}
+	ctx := locktest.Ctx(t, time.Minute)
+	b, obs, r, g := ownedGrant(t)
 	r.Fence = g.Fence
 	children := awaitQueue(t, obs, b.KeyPath(r.Key), 1)
 	node := b.KeyPath(r.Key) + "/" + children[0]
@@ -108,14 +97,8 @@ func awaitGone(t *testing.T, conn *zk.Conn, path string) {
 // its count as they were; a non-reentrant attempt by the holding token is
 // not granted; Refresh and Release with another fence change nothing.
 func TestCancelledReentryKeepsHold(t *testing.T) {
-	ctx := ctxFor(t, time.Minute)
-	_, b := connect(t, zkServer.Addr(), 2*time.Second)
-	obs := observer(t, zkServer.Addr())
-	r := dlock.Request{Key: key(t), Token: "job-1", TTL: 2 * time.Second, Reentrant: true}
-	g, err := b.TryAcquire(ctx, r)
-	if err != nil || !g.OK {
-		t.Fatalf("TryAcquire: got %+v, %v, want a grant", g, err)
-	}
+	ctx := locktest.Ctx(t, time.Minute)
+	b, obs, r, g := ownedGrant(t)
 	held := awaitQueue(t, obs, b.KeyPath(r.Key), 1)[0]
 	for i := range 50 {
 		cctx, cancel := context.WithTimeout(ctx, time.Duration(i)*20*time.Microsecond)
@@ -153,4 +136,19 @@ func TestCancelledReentryKeepsHold(t *testing.T) {
 		t.Fatalf("Release: %v", err)
 	}
 	awaitGone(t, obs, b.KeyPath(r.Key)+"/"+held)
+}
+
+// ownedGrant takes a new key reentrantly for the token "job-1" (TTL 2s)
+// through a Backend on a 2s session. It returns the Backend, an observer
+// connection, the request and its grant.
+func ownedGrant(t *testing.T) (*zklock.Backend, *zk.Conn, dlock.Request, dlock.Grant) {
+	t.Helper()
+	_, b := connect(t, zkServer.Addr(), 2*time.Second)
+	obs := observer(t, zkServer.Addr())
+	r := dlock.Request{Key: locktest.Key(t), Token: "job-1", TTL: 2 * time.Second, Reentrant: true}
+	g, err := b.TryAcquire(locktest.Ctx(t, time.Minute), r)
+	if err != nil || !g.OK {
+		t.Fatalf("TryAcquire: got %+v, %v, want a grant", g, err)
+	}
+	return b, obs, r, g
 }

@@ -2,91 +2,14 @@ package zklock_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"testing"
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/locktest"
 	"github.com/dlock-go/dlock/zklock"
 )
-
-// TestFIFOSkipsCancelledWaiters queues a holder and six waiters in a known
-// order, cancels two of them in the middle of the queue (the second and
-// the fourth: each is the predecessor of one waiter and the node before
-// the predecessor of another), releases the holder, and checks that the
-// others are granted exactly in queue order and that the cancelled ones
-// left nothing behind.
-func TestFIFOSkipsCancelledWaiters(t *testing.T) {
-	const waiters = 6
-	cancelled := map[int]bool{1: true, 3: true}
-	k := key(t)
-	hc, hb := client(t, zkServer.Addr(), 10*time.Second)
-	obs := observer(t, zkServer.Addr())
-	ctx := ctxFor(t, time.Minute)
-	holder, err := hc.Acquire(ctx, k)
-	if err != nil {
-		t.Fatalf("Acquire: %v", err)
-	}
-	order := make(chan int, waiters)
-	errs := make(chan error, waiters)
-	cancels := make([]context.CancelFunc, waiters)
-	for i := range waiters {
-		c, _ := client(t, zkServer.Addr(), 10*time.Second)
-		wctx, cancel := context.WithCancel(ctx)
-		cancels[i] = cancel
-		t.Cleanup(cancel)
-		go func() {
-			l, err := c.Acquire(wctx, k)
-			if err != nil {
-				if cancelled[i] && errors.Is(err, context.Canceled) {
-					err = nil
-				}
-				errs <- err
-				return
-			}
-			order <- i
-			errs <- l.Release(context.Background())
-		}()
-		awaitQueue(t, obs, hb.KeyPath(k), i+2)
-	}
-	queued := waiters + 1
-	for i := range waiters {
-		if cancelled[i] {
-			cancels[i]()
-			queued--
-			awaitQueue(t, obs, hb.KeyPath(k), queued)
-		}
-	}
-	if err := holder.Release(ctx); err != nil {
-		t.Fatalf("Release: %v", err)
-	}
-	var got, want []int
-	for i := range waiters {
-		if !cancelled[i] {
-			want = append(want, i)
-		}
-	}
-	for done := 0; done < waiters; {
-		select {
-		case i := <-order:
-			got = append(got, i)
-		case err := <-errs:
-			if err != nil {
-				t.Fatalf("waiter: %v", err)
-			}
-			done++
-		case <-ctx.Done():
-			t.Fatalf("grants: got %v before the deadline, want %v", got, want)
-		}
-	}
-	if fmt.Sprint(got) != fmt.Sprint(want) {
-		t.Fatalf("grant order: got waiters %v, want %v", got, want)
-	}
-	if children, _, err := obs.Children(hb.KeyPath(k)); err != nil || len(children) != 0 {
-		t.Fatalf("queue at the end: got %v (err %v), want empty", children, err)
-	}
-}
 
 // TestWaiterGrantedWithoutListing checks the hand-off shortcut of a
 // waiter queued behind the holder and one or two other waiters. Queued,
@@ -106,14 +29,11 @@ func TestWaiterGrantedWithoutListing(t *testing.T) {
 	)
 	for _, ahead := range []int{1, 2} {
 		t.Run(fmt.Sprintf("waiters-ahead=%d", ahead), func(t *testing.T) {
-			k := key(t)
+			k := locktest.Key(t)
 			obs := observer(t, zkServer.Addr())
 			hc, hb := client(t, zkServer.Addr(), 10*time.Second)
-			ctx := ctxFor(t, time.Minute)
-			holder, err := hc.Acquire(ctx, k)
-			if err != nil {
-				t.Fatalf("Acquire: %v", err)
-			}
+			ctx := locktest.Ctx(t, time.Minute)
+			holder := locktest.MustAcquire(t, ctx, hc, k)
 			leases := make([]chan *dlock.Lease, ahead)
 			for i := range leases {
 				c, _ := client(t, zkServer.Addr(), 10*time.Second)
@@ -192,18 +112,9 @@ func TestWaiterGrantedWithoutListing(t *testing.T) {
 // satisfy cond.
 func waitOps(t *testing.T, c *opCounter, cond func(map[int32]int) bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	locktest.WaitFor(t, 10*time.Second, "the expected requests by opcode", func() bool {
 		c.mu.Lock()
-		ok := cond(c.ops)
-		ops := fmt.Sprint(c.ops)
-		c.mu.Unlock()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("requests by opcode: got %s, still not the expected ones after 10s", ops)
-		}
-		time.Sleep(time.Millisecond)
-	}
+		defer c.mu.Unlock()
+		return cond(c.ops)
+	})
 }

@@ -4,10 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/locktest"
 	"github.com/dlock-go/dlock/zklock"
 )
 
@@ -25,8 +27,8 @@ func TestRefreshManyFromWatches(t *testing.T) {
 	counter := &opCounter{ops: make(map[int32]int)}
 	_, b := connect(t, zkServer.Addr(), ttl, zklock.WithDialer(counter.dial))
 	obs := observer(t, zkServer.Addr())
-	ctx := ctxFor(t, time.Minute)
-	k := key(t)
+	ctx := locktest.Ctx(t, time.Minute)
+	k := locktest.Key(t)
 	rs := make([]dlock.Request, n)
 	for i := range rs {
 		rs[i] = dlock.Request{Key: fmt.Sprintf("%s.%d", k, i), Token: fmt.Sprintf("token-%d", i), TTL: ttl}
@@ -47,15 +49,9 @@ func TestRefreshManyFromWatches(t *testing.T) {
 			t.Fatalf("RefreshMany, lock %d: %v", i, err)
 		}
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for _, r := range rs {
-		for !b.Watched(r.Key) {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s not watched after a refresh", r.Key)
-			}
-			time.Sleep(time.Millisecond)
-		}
-	}
+	locktest.WaitFor(t, 10*time.Second, "every lock watched after a refresh", func() bool {
+		return !slices.ContainsFunc(rs, func(r dlock.Request) bool { return !b.Watched(r.Key) })
+	})
 
 	counter.take()
 	for i, err := range b.RefreshMany(ctx, rs) {

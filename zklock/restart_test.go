@@ -2,6 +2,7 @@ package zklock_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"sync"
@@ -9,6 +10,9 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/locktest"
+	"github.com/dlock-go/dlock/zklock"
+	"github.com/go-zookeeper/zk"
 )
 
 // TestReleaseFailedServerRestart kills the server under a holder, so its
@@ -42,44 +46,16 @@ func TestReleaseFailedServerRestart(t *testing.T) {
 			holderC, holderB := client(t, srv.Addr(), tc.session)
 			otherC, _ := client(t, srv.Addr(), tc.session)
 			obs := observer(t, srv.Addr())
-			ctx := ctxFor(t, 2*time.Minute)
-			k := key(t)
-			l, err := holderC.Acquire(ctx, k)
-			if err != nil {
-				t.Fatalf("Acquire: %v", err)
-			}
-
-			type grant struct {
-				who string
-				l   *dlock.Lease
-				err error
-				at  time.Time
-			}
-			grants := make(chan grant, 3)
-			// A waiter is a worker: an Acquire that fails for a server
-			// error (Wait gives up after a session timeout without an
-			// answer) is made again.
-			wait := func(who string, c *dlock.Client) {
-				for {
-					l, err := c.Acquire(ctx, k)
-					if err != nil && ctx.Err() == nil {
-						t.Logf("%s: Acquire failed, again: %v", who, err)
-						continue
-					}
-					grants <- grant{who, l, err, time.Now()}
-					return
-				}
-			}
-			go wait("other Backend", otherC)
-			awaitQueue(t, obs, holderB.KeyPath(k), 2)
-			go wait("same Backend", holderC)
-			awaitQueue(t, obs, holderB.KeyPath(k), 3)
+			ctx := locktest.Ctx(t, 2*time.Minute)
+			k := locktest.Key(t)
+			// Wait gives up after a session timeout without an answer.
+			l, wait, grants := queueWaiters(t, ctx, k, holderC, otherC, holderB, obs)
 
 			if err := srv.Kill(); err != nil {
 				t.Fatalf("Kill: %v", err)
 			}
 			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			err = l.Release(rctx)
+			err := l.Release(rctx)
 			cancel()
 			if err == nil {
 				t.Fatal("Release with the server down: got nil, want an error")
@@ -90,26 +66,7 @@ func TestReleaseFailedServerRestart(t *testing.T) {
 			if err := srv.Restart(); err != nil {
 				t.Fatalf("Restart: %v", err)
 			}
-			back := time.Now()
-			for n := range 3 {
-				var g grant
-				select {
-				case g = <-grants:
-				case <-time.After(time.Minute):
-					t.Fatalf("grant %d: none within a minute of the restart", n+1)
-				}
-				if g.err != nil {
-					t.Fatalf("%s: Acquire: %v", g.who, g.err)
-				}
-				took := g.at.Sub(back)
-				t.Logf("%s granted %v after the server was back", g.who, took.Round(time.Millisecond))
-				if n == 0 && took > grantBound {
-					t.Errorf("first grant after the restart: got %v, want within %v", took, grantBound)
-				}
-				if err := g.l.Release(ctx); err != nil {
-					t.Fatalf("%s: Release: %v", g.who, err)
-				}
-			}
+			awaitGrants(t, ctx, grants, time.Now(), grantBound)
 		})
 	}
 }
@@ -174,19 +131,11 @@ func (p *stallProxy) cut(refuse bool) {
 // awaitHung waits until n connections have been accepted while stalled.
 func (p *stallProxy) awaitHung(t *testing.T, n int) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	locktest.WaitFor(t, 30*time.Second, fmt.Sprintf("%d connections made to the stalled server", n), func() bool {
 		p.mu.Lock()
-		hung := len(p.hung)
-		p.mu.Unlock()
-		if hung >= n {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("connections made to the stalled server: got %d, want %d", hung, n)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		defer p.mu.Unlock()
+		return len(p.hung) >= n
+	})
 }
 
 func (p *stallProxy) heal() {
@@ -259,38 +208,14 @@ func TestReleaseFailedServerStalled(t *testing.T) {
 	holderC, holderB := client(t, p.Addr(), session)
 	otherC, _ := client(t, p.Addr(), session)
 	obs := observer(t, srv.Addr())
-	ctx := ctxFor(t, 2*time.Minute)
-	k := key(t)
-	l, err := holderC.Acquire(ctx, k)
-	if err != nil {
-		t.Fatalf("Acquire: %v", err)
-	}
-	type grant struct {
-		who string
-		l   *dlock.Lease
-		at  time.Time
-	}
-	grants := make(chan grant, 3)
-	// A waiter is a worker: an Acquire that fails for a server error (the
-	// session expired under its queued node) is made again.
-	wait := func(who string, c *dlock.Client) {
-		for ctx.Err() == nil {
-			l, err := c.Acquire(ctx, k)
-			if err == nil {
-				grants <- grant{who, l, time.Now()}
-				return
-			}
-			t.Logf("%s: Acquire failed, again: %v", who, err)
-		}
-	}
-	go wait("other Backend", otherC)
-	awaitQueue(t, obs, holderB.KeyPath(k), 2)
-	go wait("same Backend", holderC)
-	awaitQueue(t, obs, holderB.KeyPath(k), 3)
+	ctx := locktest.Ctx(t, 2*time.Minute)
+	k := locktest.Key(t)
+	// The session may expire under a queued node.
+	l, wait, grants := queueWaiters(t, ctx, k, holderC, otherC, holderB, obs)
 
 	p.stall()
 	rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	err = l.Release(rctx)
+	err := l.Release(rctx)
 	cancel()
 	if err == nil {
 		t.Fatal("Release with the server stalled: got nil, want an error")
@@ -301,7 +226,49 @@ func TestReleaseFailedServerStalled(t *testing.T) {
 	// have tried it again (and hang in the handshake).
 	p.awaitHung(t, 2)
 	p.heal()
-	back := time.Now()
+	awaitGrants(t, ctx, grants, time.Now(), grantBound)
+}
+
+// grant is the outcome of a waiter started by queueWaiters.
+type grant struct {
+	who string
+	l   *dlock.Lease
+	err error
+	at  time.Time
+}
+
+// queueWaiters takes k through holderC (on holderB), then queues two
+// waiters behind it, one on otherC and one on holderC, awaiting each one's
+// node through obs. It returns the hold, wait (which starts such a waiter:
+// it acquires k through c, again after an Acquire that failed for a
+// server error, until ctx ends) and the waiters' outcomes.
+func queueWaiters(t *testing.T, ctx context.Context, k string, holderC, otherC *dlock.Client, holderB *zklock.Backend, obs *zk.Conn) (*dlock.Lease, func(who string, c *dlock.Client), <-chan grant) {
+	t.Helper()
+	l := locktest.MustAcquire(t, ctx, holderC, k)
+	grants := make(chan grant, 3)
+	wait := func(who string, c *dlock.Client) {
+		for {
+			l, err := c.Acquire(ctx, k)
+			if err != nil && ctx.Err() == nil {
+				t.Logf("%s: Acquire failed, again: %v", who, err)
+				continue
+			}
+			grants <- grant{who, l, err, time.Now()}
+			return
+		}
+	}
+	go wait("other Backend", otherC)
+	awaitQueue(t, obs, holderB.KeyPath(k), 2)
+	go wait("same Backend", holderC)
+	awaitQueue(t, obs, holderB.KeyPath(k), 3)
+	return l, wait, grants
+}
+
+// awaitGrants receives the three grants of the waiters, each within a
+// minute, and releases them; it fails the test if one failed, or if the
+// first came later than bound after the server served again at back.
+func awaitGrants(t *testing.T, ctx context.Context, grants <-chan grant, back time.Time, bound time.Duration) {
+	t.Helper()
 	for n := range 3 {
 		var g grant
 		select {
@@ -309,10 +276,13 @@ func TestReleaseFailedServerStalled(t *testing.T) {
 		case <-time.After(time.Minute):
 			t.Fatalf("grant %d: none within a minute of the server serving again", n+1)
 		}
+		if g.err != nil {
+			t.Fatalf("%s: Acquire: %v", g.who, g.err)
+		}
 		took := g.at.Sub(back)
 		t.Logf("%s granted %v after the server served again", g.who, took.Round(time.Millisecond))
-		if n == 0 && took > grantBound {
-			t.Errorf("first grant after the stall: got %v, want within %v", took, grantBound)
+		if n == 0 && took > bound {
+			t.Errorf("first grant after the server served again: got %v, want within %v", took, bound)
 		}
 		if err := g.l.Release(ctx); err != nil {
 			t.Fatalf("%s: Release: %v", g.who, err)

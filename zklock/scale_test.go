@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/locktest"
 	"github.com/dlock-go/dlock/internal/scale"
 	"github.com/dlock-go/dlock/memlock"
 	"github.com/dlock-go/dlock/zklock"
@@ -89,13 +90,7 @@ func benchHeld(b *testing.B, c *dlock.Client, n int, settled func() bool, dir st
 	fill := time.Since(began)
 	// Every hold gets its watch watchDelay after its grant: wait for the
 	// armer (the last ones were granted a moment ago).
-	deadline := time.Now().Add(time.Minute)
-	for !settled() {
-		if time.Now().After(deadline) {
-			b.Fatal("holds still unwatched after a minute")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	locktest.WaitFor(b, time.Minute, "every hold watched", settled)
 	m1 := scale.Sample()
 	if dir != "" {
 		f, err := os.Create(fmt.Sprintf("%s/held-%s.pprof", dir, b.Name()[len("BenchmarkHeldLeases/"):]))

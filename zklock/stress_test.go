@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/locktest"
 	"github.com/go-zookeeper/zk"
 )
 
@@ -97,7 +98,7 @@ func newStress(t *testing.T, clients, keys int) *stress {
 		closing: make(map[*dlock.Client]bool),
 		ops:     counters{m: make(map[string]int)},
 	}
-	k := key(t)
+	k := locktest.Key(t)
 	for i := range keys {
 		s.keys = append(s.keys, fmt.Sprintf("%s.%d", k, i))
 	}
@@ -149,7 +150,7 @@ func (s *stress) run(dur time.Duration, workers int) {
 		work.Add(1)
 		go func() { defer work.Done(); s.worker(w) }()
 	}
-	time.Sleep(dur)
+	time.Sleep(dur) // the run's length: the workers go on meanwhile
 	s.stop.Store(true)
 	work.Wait()
 	s.closers.Wait()
@@ -258,7 +259,7 @@ func (s *stress) session(rng *rand.Rand, slot int, c *dlock.Client, depth int) {
 				s.reenter(rng, slot, c, k, owner, depth)
 			}
 		default:
-			time.Sleep(time.Duration(rng.Int64N(int64(5 * time.Millisecond))))
+			time.Sleep(time.Duration(rng.Int64N(int64(5 * time.Millisecond)))) // the holder's work
 		}
 	}
 	s.release(l)
@@ -283,7 +284,7 @@ func (s *stress) reenter(rng *rand.Rand, slot int, c *dlock.Client, k, owner str
 	}
 	s.granted(l, c, owner, slot, start)
 	s.ops.add("reentered")
-	time.Sleep(time.Duration(rng.Int64N(int64(5 * time.Millisecond))))
+	time.Sleep(time.Duration(rng.Int64N(int64(5 * time.Millisecond)))) // the nested hold's work
 	s.release(l)
 	_ = depth
 }

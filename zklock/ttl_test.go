@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/locktest"
 )
 
 // TestDefaultTTLRightAfterConnect creates the Client the moment Connect
@@ -17,14 +18,14 @@ import (
 // succeeds with it.
 func TestDefaultTTLRightAfterConnect(t *testing.T) {
 	const session = 3 * time.Second
-	ctx := ctxFor(t, time.Minute)
+	ctx := locktest.Ctx(t, time.Minute)
 	for i := range 3 {
 		_, b := connect(t, zkServer.Addr(), session)
 		if got := b.MaxTTL(); got != session {
 			t.Fatalf("round %d: MaxTTL right after Connect: got %v, want %v", i, got, session)
 		}
 		c := dlock.New(b)
-		l, err := c.Acquire(ctx, key(t))
+		l, err := c.Acquire(ctx, locktest.Key(t))
 		if err != nil {
 			t.Fatalf("round %d: Acquire with the default TTL right after Connect: %v", i, err)
 		}
@@ -40,10 +41,10 @@ func TestDefaultTTLRightAfterConnect(t *testing.T) {
 // TestTTLBelowMinTTL: a TTL below MinTTL is refused by the Backend on
 // acquire and on Refresh, with an error matching ErrInvalidTTL.
 func TestTTLBelowMinTTL(t *testing.T) {
-	ctx := ctxFor(t, time.Minute)
+	ctx := locktest.Ctx(t, time.Minute)
 	_, b := connect(t, zkServer.Addr(), 2*time.Second)
 	short := b.MinTTL() - time.Millisecond
-	r := dlock.Request{Key: key(t), Token: "t", TTL: short}
+	r := dlock.Request{Key: locktest.Key(t), Token: "t", TTL: short}
 	if _, err := b.TryAcquire(ctx, r); !errors.Is(err, dlock.ErrInvalidTTL) {
 		t.Fatalf("TryAcquire with TTL %v: got %v, want ErrInvalidTTL", short, err)
 	}
@@ -73,9 +74,9 @@ func TestMinTTLMeasure(t *testing.T) {
 	} else if testing.Short() {
 		t.Skip("measurement")
 	}
-	ctx := ctxFor(t, 5*time.Minute)
+	ctx := locktest.Ctx(t, 5*time.Minute)
 	_, b := connect(t, zkServer.Addr(), 2*time.Second)
-	r := dlock.Request{Key: key(t), Token: "t", TTL: 2 * time.Second}
+	r := dlock.Request{Key: locktest.Key(t), Token: "t", TTL: 2 * time.Second}
 	var refresh, acquire []time.Duration
 	for range n {
 		start := time.Now()

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/locktest"
 	"github.com/dlock-go/dlock/zklock"
 	"github.com/go-zookeeper/zk"
 )
@@ -22,7 +23,7 @@ import (
 // and waits until b watches every held node.
 func heldLeases(t *testing.T, c *dlock.Client, b *zklock.Backend, prefix string, n int) []*dlock.Lease {
 	t.Helper()
-	ctx := ctxFor(t, time.Minute)
+	ctx := locktest.Ctx(t, time.Minute)
 	ls := make([]*dlock.Lease, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
@@ -48,13 +49,7 @@ func heldLeases(t *testing.T, c *dlock.Client, b *zklock.Backend, prefix string,
 // awaitWatched waits until b watches every node it holds.
 func awaitWatched(t *testing.T, b *zklock.Backend) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for b.Unwatched() > 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("holds without a watch 10s on: got %d, want 0", b.Unwatched())
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	locktest.WaitFor(t, 10*time.Second, "every hold watched", func() bool { return b.Unwatched() == 0 })
 }
 
 // deleteNode deletes the lock node of key with a plain connection.
@@ -106,7 +101,7 @@ func TestManyHeldOneDeleted(t *testing.T) {
 	const n = 300
 	c, b := client(t, zkServer.Addr(), 10*time.Second, dlock.WithAutoRenew(false))
 	obs := observer(t, zkServer.Addr())
-	k := key(t)
+	k := locktest.Key(t)
 	ls := heldLeases(t, c, b, k, n)
 	var lost []int
 	for _, i := range []int{0, 157, n - 1} {
@@ -116,7 +111,7 @@ func TestManyHeldOneDeleted(t *testing.T) {
 		checkHeld(t, ls, lost...)
 	}
 	// The others are still proven by their watches.
-	ctx := ctxFor(t, time.Minute)
+	ctx := locktest.Ctx(t, time.Minute)
 	for _, i := range []int{1, 200} {
 		if err := ls[i].Refresh(ctx, 0); err != nil {
 			t.Fatalf("Refresh of lease %d: %v", i, err)
@@ -137,7 +132,7 @@ func TestReconnectionWatchesAgain(t *testing.T) {
 	c := dlock.New(b, dlock.WithTTL(10*time.Second), dlock.WithAutoRenew(false))
 	t.Cleanup(func() { c.Close() })
 	obs := observer(t, zkServer.Addr())
-	ls := heldLeases(t, c, b, key(t), n)
+	ls := heldLeases(t, c, b, locktest.Key(t), n)
 	session := conn.SessionID()
 
 	proxy.shut()
@@ -170,7 +165,7 @@ func TestConnClosedLosesLeases(t *testing.T) {
 			conn, b := connect(t, proxy.Addr(), 10*time.Second)
 			c := dlock.New(b, dlock.WithTTL(10*time.Second), dlock.WithAutoRenew(false))
 			t.Cleanup(func() { c.Close() })
-			ls := heldLeases(t, c, b, key(t), 3)
+			ls := heldLeases(t, c, b, locktest.Key(t), 3)
 			want := "was deleted"
 			if !reachable {
 				proxy.shut()

@@ -17,10 +17,11 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/dlocktest"
+	"github.com/dlock-go/dlock/internal/locktest"
+	"github.com/dlock-go/dlock/internal/locktest/testmain"
 	"github.com/dlock-go/dlock/internal/testserver"
 	"github.com/dlock-go/dlock/zklock"
 	"github.com/go-zookeeper/zk"
-	"go.uber.org/goleak"
 )
 
 // zkServer is the ZooKeeper 3.8 server shared by the tests (tickTime 500
@@ -32,24 +33,11 @@ func TestMain(m *testing.M) {
 		// Re-executed as a lock-holding helper process (see fault_test.go).
 		os.Exit(m.Run())
 	}
-	srv, err := testserver.StartZooKeeper(testserver.ZooKeeperOptions{TickTime: 500 * time.Millisecond})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "zklock tests need ZooKeeper:", err)
-		os.Exit(1)
+	var err error
+	if zkServer, err = testserver.StartZooKeeper(testserver.ZooKeeperOptions{TickTime: 500 * time.Millisecond}); err != nil {
+		testmain.Fail("zklock", err)
 	}
-	zkServer = srv
-	code := m.Run()
-	if err := srv.Stop(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		code = 1
-	}
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
+	testmain.Run(m, "zklock", zkServer.Stop)
 }
 
 // quiet discards go-zookeeper's connection log.
@@ -100,15 +88,23 @@ func observer(t *testing.T, addr string) *zk.Conn {
 	return conn
 }
 
-func key(t *testing.T) string {
-	return strings.ReplaceAll(t.Name(), "/", ".") + "." + rand.Text()[:8]
-}
+// modes are the two ways to build a Backend: Connect (a session of its
+// own) and New (over a go-zookeeper connection).
+var modes = []string{"Connect", "New"}
 
-func ctxFor(t *testing.T, d time.Duration) context.Context {
+// modeClient returns a Client (TTL 10s) on a Backend built as mode says,
+// with a 10s session; the Client is closed when the test ends.
+func modeClient(t *testing.T, mode string) (*dlock.Client, *zklock.Backend) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
+	var b *zklock.Backend
+	if mode == "Connect" {
+		_, b = connect(t, zkServer.Addr(), 10*time.Second)
+	} else {
+		b = zklock.New(observer(t, zkServer.Addr()), zklock.WithSessionTimeout(10*time.Second))
+	}
+	c := dlock.New(b, dlock.WithTTL(10*time.Second))
+	t.Cleanup(func() { c.Close() })
+	return c, b
 }
 
 // awaitQueue waits, with child watches rather than polling, until the
@@ -183,105 +179,16 @@ func TestConformance(t *testing.T) {
 // ---------------------------------------------------------------------------
 // Queue behaviour
 
-// TestFIFOExact queues waiters one at a time (each waiter's node exists
-// before the next starts) and checks they are granted in that order.
-func TestFIFOExact(t *testing.T) {
-	const waiters = 8
-	k := key(t)
-	hc, hb := client(t, zkServer.Addr(), 10*time.Second)
-	obs := observer(t, zkServer.Addr())
-	ctx := ctxFor(t, time.Minute)
-	holder, err := hc.Acquire(ctx, k)
-	if err != nil {
-		t.Fatalf("Acquire: %v", err)
-	}
-	order := make(chan int, waiters)
-	errs := make(chan error, waiters)
-	for i := range waiters {
-		c, _ := client(t, zkServer.Addr(), 10*time.Second)
-		go func() {
-			l, err := c.Acquire(ctx, k)
-			if err != nil {
-				errs <- err
-				return
-			}
-			order <- i
-			errs <- l.Release(context.Background())
-		}()
-		awaitQueue(t, obs, hb.KeyPath(k), i+2)
-	}
-	if err := holder.Release(ctx); err != nil {
-		t.Fatalf("Release: %v", err)
-	}
-	var got []int
-	for len(got) < waiters {
-		select {
-		case i := <-order:
-			got = append(got, i)
-		case err := <-errs:
-			if err != nil {
-				t.Fatalf("waiter: %v", err)
-			}
-		case <-ctx.Done():
-			t.Fatalf("grants: got %v before the deadline, want %d", got, waiters)
-		}
-	}
-	for i, w := range got {
-		if w != i {
-			t.Fatalf("grant order: got waiters %v, want 0..%d in order", got, waiters-1)
-		}
-	}
-}
-
-// TestCancelledWaiterLeavesAtOnce checks that a waiter whose context ends
-// has deleted its node by the time Acquire returns.
-func TestCancelledWaiterLeavesAtOnce(t *testing.T) {
-	k := key(t)
-	hc, hb := client(t, zkServer.Addr(), 10*time.Second)
-	wc, _ := client(t, zkServer.Addr(), 10*time.Second)
-	obs := observer(t, zkServer.Addr())
-	holder, err := hc.Acquire(ctxFor(t, time.Minute), k)
-	if err != nil {
-		t.Fatalf("Acquire: %v", err)
-	}
-	defer holder.Release(context.Background())
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		_, err := wc.Acquire(ctx, k)
-		done <- err
-	}()
-	awaitQueue(t, obs, hb.KeyPath(k), 2)
-	cancel()
-	err = <-done
-	if !errors.Is(err, dlock.ErrNotAcquired) || !errors.Is(err, context.Canceled) {
-		t.Fatalf("cancelled Acquire: got %v, want ErrNotAcquired and context.Canceled", err)
-	}
-	children, _, err := obs.Children(hb.KeyPath(k))
-	if err != nil {
-		t.Fatalf("Children: %v", err)
-	}
-	if len(children) != 1 {
-		t.Fatalf("queue after the cancelled wait: got %v, want only the holder's node", children)
-	}
-	if holder.Err() != nil {
-		t.Fatalf("holder after a cancelled waiter: got %v, want nil", holder.Err())
-	}
-}
-
 // TestTryAcquireLeavesNoNode checks that a failed TryAcquire removes its
 // node and waits for nothing.
 func TestTryAcquireLeavesNoNode(t *testing.T) {
-	k := key(t)
+	k := locktest.Key(t)
 	hc, hb := client(t, zkServer.Addr(), 10*time.Second)
 	tc, _ := client(t, zkServer.Addr(), 10*time.Second)
 	obs := observer(t, zkServer.Addr())
-	holder, err := hc.Acquire(ctxFor(t, time.Minute), k)
-	if err != nil {
-		t.Fatalf("Acquire: %v", err)
-	}
+	holder := locktest.MustAcquire(t, locktest.Ctx(t, time.Minute), hc, k)
 	defer holder.Release(context.Background())
-	_, err = tc.TryAcquire(ctxFor(t, time.Minute), k)
+	_, err := tc.TryAcquire(locktest.Ctx(t, time.Minute), k)
 	if !errors.Is(err, dlock.ErrNotAcquired) {
 		t.Fatalf("TryAcquire of a held lock: got %v, want ErrNotAcquired", err)
 	}
@@ -298,25 +205,15 @@ func TestTryAcquireLeavesNoNode(t *testing.T) {
 // read off the wire (Connect) or from the multi-op's Stat (New), granted
 // at once or after waiting.
 func TestFenceIsCzxid(t *testing.T) {
-	for _, mode := range []string{"Connect", "New"} {
+	for _, mode := range modes {
 		t.Run(mode, func(t *testing.T) {
-			var b *zklock.Backend
-			if mode == "Connect" {
-				_, b = connect(t, zkServer.Addr(), 10*time.Second)
-			} else {
-				b = zklock.New(observer(t, zkServer.Addr()), zklock.WithSessionTimeout(10*time.Second))
-			}
-			c := dlock.New(b, dlock.WithTTL(10*time.Second))
-			defer c.Close()
+			c, b := modeClient(t, mode)
 			hc, _ := client(t, zkServer.Addr(), 10*time.Second)
 			obs := observer(t, zkServer.Addr())
-			ctx := ctxFor(t, time.Minute)
-			k := key(t)
+			ctx := locktest.Ctx(t, time.Minute)
+			k := locktest.Key(t)
 			for i := 0; i < 3; i++ {
-				l, err := c.Acquire(ctx, k)
-				if err != nil {
-					t.Fatalf("Acquire: %v", err)
-				}
+				l := locktest.MustAcquire(t, ctx, c, k)
 				if got, want := l.Fence(), fenceOf(t, obs, b.KeyPath(k)); got != want {
 					t.Fatalf("fence: got %d, want the node's czxid %d", got, want)
 				}
@@ -325,26 +222,13 @@ func TestFenceIsCzxid(t *testing.T) {
 				}
 			}
 			// Granted after waiting behind a holder.
-			holder, err := hc.Acquire(ctx, k)
-			if err != nil {
-				t.Fatalf("Acquire: %v", err)
-			}
-			got := make(chan *dlock.Lease, 1)
-			go func() {
-				l, err := c.Acquire(ctx, k)
-				if err != nil {
-					t.Errorf("waiter: %v", err)
-				}
-				got <- l
-			}()
+			holder := locktest.MustAcquire(t, ctx, hc, k)
+			wait := locktest.Go(func() (*dlock.Lease, error) { return c.Acquire(ctx, k) })
 			awaitQueue(t, obs, b.KeyPath(k), 2)
 			if err := holder.Release(ctx); err != nil {
 				t.Fatalf("Release: %v", err)
 			}
-			l := <-got
-			if l == nil {
-				t.FailNow()
-			}
+			l := locktest.Granted(t, wait, time.Minute)
 			if want := fenceOf(t, obs, b.KeyPath(k)); l.Fence() != want {
 				t.Fatalf("fence after waiting: got %d, want the node's czxid %d", l.Fence(), want)
 			}
@@ -409,13 +293,10 @@ func TestRoundTrips(t *testing.T) {
 	_, b := connect(t, zkServer.Addr(), 10*time.Second, zklock.WithDialer(counter.dial))
 	c := dlock.New(b, dlock.WithTTL(10*time.Second))
 	defer c.Close()
-	ctx := ctxFor(t, time.Minute)
-	k := key(t)
+	ctx := locktest.Ctx(t, time.Minute)
+	k := locktest.Key(t)
 	cycle := func() (held time.Duration) {
-		l, err := c.Acquire(ctx, k)
-		if err != nil {
-			t.Fatalf("Acquire: %v", err)
-		}
+		l := locktest.MustAcquire(t, ctx, c, k)
 		granted := time.Now()
 		if err := l.Release(ctx); err != nil {
 			t.Fatalf("Release: %v", err)
@@ -469,23 +350,13 @@ func TestFrames(t *testing.T) {
 // TestInspectAndForceRelease checks Inspect's view of a queue, and that
 // ForceRelease ends the holder's lease at once and serves the next waiter.
 func TestInspectAndForceRelease(t *testing.T) {
-	k := key(t)
+	k := locktest.Key(t)
 	hc, hb := client(t, zkServer.Addr(), 10*time.Second)
 	wc, _ := client(t, zkServer.Addr(), 10*time.Second)
 	obs := observer(t, zkServer.Addr())
-	ctx := ctxFor(t, time.Minute)
-	holder, err := hc.Acquire(ctx, k)
-	if err != nil {
-		t.Fatalf("Acquire: %v", err)
-	}
-	got := make(chan *dlock.Lease, 1)
-	go func() {
-		l, err := wc.Acquire(ctx, k)
-		if err != nil {
-			t.Errorf("waiter: %v", err)
-		}
-		got <- l
-	}()
+	ctx := locktest.Ctx(t, time.Minute)
+	holder := locktest.MustAcquire(t, ctx, hc, k)
+	wait := locktest.Go(func() (*dlock.Lease, error) { return wc.Acquire(ctx, k) })
 	awaitQueue(t, obs, hb.KeyPath(k), 2)
 
 	_, admin := connect(t, zkServer.Addr(), 10*time.Second)
@@ -516,10 +387,7 @@ func TestInspectAndForceRelease(t *testing.T) {
 	if err := holder.Err(); !errors.Is(err, dlock.ErrLost) || !errors.Is(err, dlock.ErrNotHeld) {
 		t.Fatalf("holder Err: got %v, want ErrLost and ErrNotHeld", err)
 	}
-	l := <-got
-	if l == nil {
-		t.FailNow()
-	}
+	l := locktest.Granted(t, wait, time.Minute)
 	if l.Fence() <= holder.Fence() {
 		t.Fatalf("next fence: got %d, want > %d", l.Fence(), holder.Fence())
 	}
@@ -536,39 +404,20 @@ func TestInspectAndForceRelease(t *testing.T) {
 // (a hold gets its watch after WatchDelay), with a Backend from Connect or
 // from New.
 func TestNodeDeletedIsLoss(t *testing.T) {
-	for _, mode := range []string{"Connect", "New"} {
+	for _, mode := range modes {
 		for _, watched := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/watched=%v", mode, watched), func(t *testing.T) {
-				var b *zklock.Backend
-				if mode == "Connect" {
-					_, b = connect(t, zkServer.Addr(), 10*time.Second)
-				} else {
-					b = zklock.New(observer(t, zkServer.Addr()), zklock.WithSessionTimeout(10*time.Second))
-				}
-				c := dlock.New(b, dlock.WithTTL(10*time.Second))
-				defer c.Close()
+				c, b := modeClient(t, mode)
 				obs := observer(t, zkServer.Addr())
-				ctx := ctxFor(t, time.Minute)
-				k := key(t)
+				ctx := locktest.Ctx(t, time.Minute)
+				k := locktest.Key(t)
 				// Two leases, so the event loop waits on several watches.
-				other, err := c.Acquire(ctx, k+".other")
-				if err != nil {
-					t.Fatalf("Acquire: %v", err)
-				}
+				other := locktest.MustAcquire(t, ctx, c, k+".other")
 				defer other.Release(ctx)
-				l, err := c.Acquire(ctx, k)
-				if err != nil {
-					t.Fatalf("Acquire: %v", err)
-				}
+				l := locktest.MustAcquire(t, ctx, c, k)
 				children := awaitQueue(t, obs, b.KeyPath(k), 1)
 				if watched {
-					deadline := time.Now().Add(10 * time.Second)
-					for !b.Watched(k) {
-						if time.Now().After(deadline) {
-							t.Fatalf("hold not watched 10s after the grant (WatchDelay %v)", zklock.WatchDelay)
-						}
-						time.Sleep(time.Millisecond)
-					}
+					locktest.WaitFor(t, 10*time.Second, "hold watched", func() bool { return b.Watched(k) })
 				}
 				deleted := time.Now()
 				if err := obs.Delete(b.KeyPath(k)+"/"+children[0], -1); err != nil {
@@ -595,15 +444,12 @@ func TestNodeDeletedIsLoss(t *testing.T) {
 // then releases the holder: the waiter must fail rather than take the
 // lock on the strength of its predecessor's deletion.
 func TestWaiterNodeDeleted(t *testing.T) {
-	k := key(t)
+	k := locktest.Key(t)
 	hc, hb := client(t, zkServer.Addr(), 10*time.Second)
 	wc, _ := client(t, zkServer.Addr(), 10*time.Second)
 	obs := observer(t, zkServer.Addr())
-	ctx := ctxFor(t, time.Minute)
-	holder, err := hc.Acquire(ctx, k)
-	if err != nil {
-		t.Fatalf("Acquire: %v", err)
-	}
+	ctx := locktest.Ctx(t, time.Minute)
+	holder := locktest.MustAcquire(t, ctx, hc, k)
 	done := make(chan error, 1)
 	go func() {
 		l, err := wc.Acquire(ctx, k)
@@ -650,12 +496,12 @@ func holderNode(t *testing.T, conn *zk.Conn, queue string, fence uint64) string 
 // from New: its creates fall back from the multi-op to plain creates, and
 // the fence is still the node's czxid.
 func TestPlainCreateFallback(t *testing.T) {
-	k := key(t)
+	k := locktest.Key(t)
 	obs := observer(t, zkServer.Addr())
 	b := zklock.New(observer(t, zkServer.Addr()), zklock.WithSessionTimeout(10*time.Second))
 	c := dlock.New(b, dlock.WithTTL(10*time.Second))
 	defer c.Close()
-	ctx := ctxFor(t, time.Minute)
+	ctx := locktest.Ctx(t, time.Minute)
 	// Make the root exist, then the queue node without write permission.
 	warm, err := c.TryAcquire(ctx, k+".warm")
 	if err != nil {
@@ -667,10 +513,7 @@ func TestPlainCreateFallback(t *testing.T) {
 		t.Fatalf("Create: %v", err)
 	}
 	for i := 0; i < 2; i++ {
-		l, err := c.Acquire(ctx, k)
-		if err != nil {
-			t.Fatalf("Acquire on an unwritable queue node: %v", err)
-		}
+		l := locktest.MustAcquire(t, ctx, c, k)
 		if got, want := l.Fence(), fenceOf(t, obs, b.KeyPath(k)); got != want {
 			t.Fatalf("fence: got %d, want the node's czxid %d", got, want)
 		}
@@ -694,10 +537,10 @@ func fenceOf(t *testing.T, conn *zk.Conn, queue string) uint64 {
 // TestInteropWithZkLock checks that zklock and go-zookeeper's zk.Lock
 // exclude each other on the same queue node.
 func TestInteropWithZkLock(t *testing.T) {
-	k := key(t)
+	k := locktest.Key(t)
 	c, b := client(t, zkServer.Addr(), 10*time.Second)
 	obs := observer(t, zkServer.Addr())
-	ctx := ctxFor(t, time.Minute)
+	ctx := locktest.Ctx(t, time.Minute)
 	zl := zk.NewLock(obs, b.KeyPath(k), zk.WorldACL(zk.PermAll))
 	if err := zl.Lock(); err != nil {
 		t.Fatalf("zk.Lock: %v", err)
@@ -754,7 +597,7 @@ func TestKeyEscaping(t *testing.T) {
 	// Each of these keys is its own lock, one level below the root.
 	keys := []string{"a/b", "a%2Fb", ".", "..", "\x00\xff", "日", "zookeeper", "/", "//x/"}
 	c, b := client(t, zkServer.Addr(), 10*time.Second)
-	ctx := ctxFor(t, time.Minute)
+	ctx := locktest.Ctx(t, time.Minute)
 	prefix := rand.Text()[:6]
 	var leases []*dlock.Lease
 	seen := map[string]bool{}
@@ -779,8 +622,8 @@ func TestKeyEscaping(t *testing.T) {
 }
 
 func TestTTLBoundBySession(t *testing.T) {
-	ctx := ctxFor(t, time.Minute)
-	k := key(t)
+	ctx := locktest.Ctx(t, time.Minute)
+	k := locktest.Key(t)
 
 	// The server clamps 30s to 20 × tickTime = 10s; Connect sees that.
 	_, b := connect(t, zkServer.Addr(), 30*time.Second)
@@ -794,10 +637,7 @@ func TestTTLBoundBySession(t *testing.T) {
 	if got, want := b.SessionTimeout(), 10*time.Second; got != want {
 		t.Fatalf("negotiated session timeout: got %v, want %v", got, want)
 	}
-	l, err := c.Acquire(ctx, k, dlock.WithTTL(10*time.Second))
-	if err != nil {
-		t.Fatalf("Acquire with TTL = session timeout: %v", err)
-	}
+	l := locktest.MustAcquire(t, ctx, c, k, dlock.WithTTL(10*time.Second))
 	if err := l.Refresh(ctx, 11*time.Second); !errors.Is(err, dlock.ErrInvalidTTL) {
 		t.Fatalf("Refresh to 11s: got %v, want ErrInvalidTTL", err)
 	}
@@ -817,7 +657,7 @@ func TestTTLBoundBySession(t *testing.T) {
 	}
 	declared := dlock.New(zklock.New(obs, zklock.WithSessionTimeout(10*time.Second)), dlock.WithTTL(10*time.Second))
 	defer declared.Close()
-	l, err = declared.Acquire(ctx, k)
+	l, err := declared.Acquire(ctx, k)
 	if err != nil {
 		t.Fatalf("Acquire through New with WithSessionTimeout: %v", err)
 	}
@@ -874,8 +714,8 @@ func TestOptions(t *testing.T) {
 	_, cb := connect(t, zkServer.Addr(), 10*time.Second, zklock.WithPath(root), zklock.WithACL(acl...))
 	cc := dlock.New(cb, dlock.WithTTL(10*time.Second))
 	defer cc.Close()
-	k := key(t)
-	l, err := cc.Acquire(ctxFor(t, time.Minute), k)
+	k := locktest.Key(t)
+	l, err := cc.Acquire(locktest.Ctx(t, time.Minute), k)
 	if err != nil {
 		t.Fatalf("Acquire under %s: %v", root, err)
 	}
@@ -904,8 +744,8 @@ func TestOptions(t *testing.T) {
 // create reply was lost, against the server.
 func TestFindNodeByPrefix(t *testing.T) {
 	_, b := connect(t, zkServer.Addr(), 10*time.Second)
-	ctx := ctxFor(t, time.Minute)
-	k := key(t)
+	ctx := locktest.Ctx(t, time.Minute)
+	k := locktest.Key(t)
 	guid := strings.Repeat("ab", 16)
 	if p, err := b.RecoverNode(ctx, k, guid); err != nil || p != "" {
 		t.Fatalf("RecoverNode before any create: got %q, %v; want \"\", nil", p, err)

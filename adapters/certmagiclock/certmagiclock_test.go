@@ -72,7 +72,7 @@ func (is *issuer) Issue(ctx context.Context, csr *x509.CertificateRequest) (*cer
 // issue the same name at once.
 func TestTwoInstancesNeverIssueAtOnce(t *testing.T) {
 	for _, be := range backends {
-		t.Run(be.name, func(t *testing.T) {
+		t.Run(be.Name, func(t *testing.T) {
 			key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 			if err != nil {
 				t.Fatal(err)
@@ -82,7 +82,7 @@ func TestTwoInstancesNeverIssueAtOnce(t *testing.T) {
 			var cfgs []*certmagic.Config
 			var lockers []*certmagiclock.Locker
 			for range 2 {
-				c := newClient(t, be.new, dlock.WithTTL(2*time.Second))
+				c := newClient(t, be.New, dlock.WithTTL(2*time.Second))
 				locker := certmagiclock.New(c)
 				lockers = append(lockers, locker)
 				var cfg *certmagic.Config
@@ -134,10 +134,10 @@ func TestTwoInstancesNeverIssueAtOnce(t *testing.T) {
 // is ErrNotHeld; the fence of a held lock is the lease's.
 func TestLockerCalls(t *testing.T) {
 	for _, be := range backends {
-		t.Run(be.name, func(t *testing.T) {
+		t.Run(be.Name, func(t *testing.T) {
 			ctx := context.Background()
-			a := certmagiclock.New(newClient(t, be.new, dlock.WithTTL(2*time.Second)))
-			b := certmagiclock.New(newClient(t, be.new, dlock.WithTTL(2*time.Second)))
+			a := certmagiclock.New(newClient(t, be.New, dlock.WithTTL(2*time.Second)))
+			b := certmagiclock.New(newClient(t, be.New, dlock.WithTTL(2*time.Second)))
 			name := "issue_cert_" + rand.Text()[:8]
 			if ok, err := a.TryLock(ctx, name); !ok || err != nil {
 				t.Fatalf("TryLock of a free lock: got %v, %v; want true", ok, err)

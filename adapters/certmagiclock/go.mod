@@ -7,8 +7,6 @@ require (
 	github.com/dlock-go/dlock v0.1.0
 	github.com/dlock-go/dlock/pglock v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
-	github.com/redis/go-redis/v9 v9.20.1
-	go.uber.org/goleak v1.3.0
 	go.uber.org/zap v1.27.1
 )
 
@@ -22,8 +20,10 @@ require (
 	github.com/libdns/libdns v1.1.1 // indirect
 	github.com/mholt/acmez/v3 v3.1.6 // indirect
 	github.com/miekg/dns v1.1.72 // indirect
+	github.com/redis/go-redis/v9 v9.20.1 // indirect
 	github.com/zeebo/blake3 v0.2.4 // indirect
 	go.uber.org/atomic v1.11.0 // indirect
+	go.uber.org/goleak v1.3.0 // indirect
 	go.uber.org/multierr v1.11.0 // indirect
 	go.uber.org/zap/exp v0.3.0 // indirect
 	golang.org/x/crypto v0.54.0 // indirect

@@ -13,6 +13,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/adapters/gocronlock"
+	"github.com/dlock-go/dlock/internal/locktest"
 )
 
 // offsetClock is the real clock shifted by d: a scheduler on it fires
@@ -31,7 +32,7 @@ func (c offsetClock) Until(t time.Time) time.Duration { return t.Sub(c.Now()) }
 // every second: with a minimum hold, each tick runs exactly once.
 func TestOncePerTick(t *testing.T) {
 	for _, be := range backends {
-		t.Run(be.name, func(t *testing.T) {
+		t.Run(be.Name, func(t *testing.T) {
 			const ticks = 4
 			job := "tick-" + rand.Text()[:8]
 			var (
@@ -41,7 +42,7 @@ func TestOncePerTick(t *testing.T) {
 			)
 			for i, off := range []time.Duration{0, 40 * time.Millisecond, 80 * time.Millisecond} {
 				clock := offsetClock{clockwork.NewRealClock(), off}
-				c := newClient(t, be.new, dlock.WithTTL(5*time.Second))
+				c := newClient(t, be.New, dlock.WithTTL(5*time.Second))
 				s, err := gocron.NewScheduler(
 					gocron.WithClock(clock),
 					gocron.WithDistributedLocker(gocronlock.NewLocker(c, dlock.WithMinHold(600*time.Millisecond))))
@@ -51,7 +52,7 @@ func TestOncePerTick(t *testing.T) {
 				_, err = s.NewJob(gocron.CronJob("* * * * * *", true), gocron.NewTask(func() {
 					// The tick this run belongs to, on this scheduler's clock.
 					tick := clock.Now().Round(time.Second)
-					time.Sleep(10 * time.Millisecond)
+					time.Sleep(10 * time.Millisecond) // the job's work: a deliberate pause
 					mu.Lock()
 					runs[tick]++
 					if len(runs) == ticks+1 {
@@ -96,10 +97,10 @@ func TestOncePerTick(t *testing.T) {
 // releases even with the done context gocron passes at shutdown.
 func TestLockSkipsWhileHeld(t *testing.T) {
 	for _, be := range backends {
-		t.Run(be.name, func(t *testing.T) {
+		t.Run(be.Name, func(t *testing.T) {
 			ctx := context.Background()
 			job := "held-" + rand.Text()[:8]
-			holder := newClient(t, be.new, dlock.WithTTL(5*time.Second))
+			holder := newClient(t, be.New, dlock.WithTTL(5*time.Second))
 			l, err := gocronlock.NewLocker(holder).Lock(ctx, job)
 			if err != nil {
 				t.Fatal(err)
@@ -107,7 +108,7 @@ func TestLockSkipsWhileHeld(t *testing.T) {
 			if l.(*gocronlock.Lock).Fence() == 0 {
 				t.Fatal("Lock: fence 0, want the grant's fence")
 			}
-			c := newClient(t, be.new, dlock.WithTTL(5*time.Second))
+			c := newClient(t, be.New, dlock.WithTTL(5*time.Second))
 			if _, err := gocronlock.NewLocker(c).Lock(ctx, job); !errors.Is(err, dlock.ErrNotAcquired) {
 				t.Fatalf("Lock of a held job: got %v, want ErrNotAcquired", err)
 			}
@@ -129,7 +130,7 @@ func TestLockSkipsWhileHeld(t *testing.T) {
 // resigns the other leads with a larger fence.
 func TestElector(t *testing.T) {
 	for _, be := range backends {
-		t.Run(be.name, func(t *testing.T) {
+		t.Run(be.Name, func(t *testing.T) {
 			key := "leader-" + rand.Text()[:8]
 			var (
 				mu   sync.Mutex
@@ -138,7 +139,7 @@ func TestElector(t *testing.T) {
 			electors := make([]*gocronlock.Elector, 2)
 			scheds := make([]gocron.Scheduler, 2)
 			for i := range electors {
-				c := newClient(t, be.new, dlock.WithTTL(2*time.Second))
+				c := newClient(t, be.New, dlock.WithTTL(2*time.Second))
 				electors[i] = gocronlock.NewElector(c, key)
 				if i == 0 {
 					// The first instance leads before any job runs.
@@ -163,7 +164,7 @@ func TestElector(t *testing.T) {
 				t.Cleanup(func() { s.Shutdown() })
 			}
 			count := func(i int) int { mu.Lock(); defer mu.Unlock(); return runs[i] }
-			waitFor(t, func() bool { return count(0) >= 5 }, "5 runs by the leader")
+			locktest.WaitFor(t, 30*time.Second, "5 runs by the leader", func() bool { return count(0) >= 5 })
 			if n := count(1); n != 0 {
 				t.Fatalf("follower ran %d times, want 0", n)
 			}
@@ -177,21 +178,10 @@ func TestElector(t *testing.T) {
 			if err := electors[0].Resign(context.Background()); err != nil {
 				t.Fatal(err)
 			}
-			waitFor(t, func() bool { return count(1) >= 5 }, "5 runs by the new leader")
+			locktest.WaitFor(t, 30*time.Second, "5 runs by the new leader", func() bool { return count(1) >= 5 })
 			if f := electors[1].Fence(); f <= term {
 				t.Fatalf("new leader's fence: got %d, want > %d", f, term)
 			}
 		})
-	}
-}
-
-func waitFor(t *testing.T, cond func() bool, what string) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/adapters/gooselock"
+	"github.com/dlock-go/dlock/internal/locktest/adaptertest"
 )
 
 // migrations records which migrations ran and whether two ran at once.
@@ -48,7 +49,7 @@ func (m *migrations) list() []*goose.Migration {
 func newDB(t *testing.T) string {
 	t.Helper()
 	name := "mig_" + strings.ToLower(rand.Text()[:8])
-	pool, err := pgxpool.New(context.Background(), pgSrv.DSN())
+	pool, err := pgxpool.New(context.Background(), adaptertest.PostgresDSN())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +57,7 @@ func newDB(t *testing.T) string {
 	if _, err := pool.Exec(context.Background(), "CREATE DATABASE "+name); err != nil {
 		t.Fatal(err)
 	}
-	return strings.Replace(pgSrv.DSN(), "/postgres?", "/"+name+"?", 1)
+	return strings.Replace(adaptertest.PostgresDSN(), "/postgres?", "/"+name+"?", 1)
 }
 
 // open opens the database at url, closed when the test ends.
@@ -76,7 +77,7 @@ func open(t *testing.T, url string) *sql.DB {
 // No two migrations ever run at once and each runs once.
 func TestTwoMigratorsNeverOverlap(t *testing.T) {
 	for _, be := range backends {
-		t.Run(be.name, func(t *testing.T) {
+		t.Run(be.Name, func(t *testing.T) {
 			url := newDB(t)
 			m := &migrations{runs: map[int64]int{}}
 			key := "goose:" + rand.Text()[:8]
@@ -87,7 +88,7 @@ func TestTwoMigratorsNeverOverlap(t *testing.T) {
 				providers []*goose.Provider
 			)
 			for i := 0; i < 2; i++ {
-				locker := gooselock.New(newClient(t, be.new, dlock.WithTTL(2*time.Second)), key)
+				locker := gooselock.New(newClient(t, be.New, dlock.WithTTL(2*time.Second)), key)
 				p, err := goose.NewProvider(goose.DialectPostgres, open(t, url), fstest.MapFS{},
 					goose.WithGoMigrations(m.list()...), goose.WithLocker(locker))
 				if err != nil {
