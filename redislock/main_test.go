@@ -2,17 +2,16 @@ package redislock_test
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
-	"go.uber.org/goleak"
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/internal/locktest"
+	"github.com/dlock-go/dlock/internal/locktest/testmain"
 	"github.com/dlock-go/dlock/internal/testserver"
 	"github.com/dlock-go/dlock/redislock"
 )
@@ -22,21 +21,6 @@ var (
 	srv  *testserver.Redis // paused and resumed by the conformance suite
 	srv2 *testserver.Redis // killed and restarted (no persistence)
 )
-
-// testMain stops the servers after the tests and before goleak looks for
-// leaked goroutines (the testserver package keeps one while servers run).
-type testMain struct{ m *testing.M }
-
-func (tm testMain) Run() int {
-	code := tm.m.Run()
-	if err := testserver.StopAll(srv, srv2); err != nil {
-		fmt.Fprintln(os.Stderr, "redislock tests: stop servers:", err)
-		if code == 0 {
-			code = 1
-		}
-	}
-	return code
-}
 
 // quietLogger drops go-redis' log lines (dial failures the tests cause
 // on purpose).
@@ -52,11 +36,10 @@ func TestMain(m *testing.M) {
 	}
 	servers, err := testserver.StartRedisN(2, testserver.RedisOptions{})
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "redislock tests:", err)
-		os.Exit(1)
+		testmain.Fail("redislock", err)
 	}
 	srv, srv2 = servers[0], servers[1]
-	goleak.VerifyTestMain(testMain{m})
+	testmain.Run(m, "redislock", func() error { return testserver.StopAll(srv, srv2) })
 }
 
 // newRDB returns a go-redis client for addr, closed when the test ends.
