@@ -37,10 +37,30 @@ func kindArg(k dlock.Kind) string {
 
 // sharedKeys returns the keys of the permit and read-hold scripts: the
 // lock (the marker), the holds, the lock's queue, the writers' claims and
-// the permit queue.
+// the permit queue, cut from one string (one allocation for the names).
 func sharedKeys(lock string) []string {
-	return []string{lock, lock + ":h", lock + ":q", lock + ":x", lock + ":pq"}
+	n := len(lock)
+	s := lock + ":h" + lock + ":q" + lock + ":x" + lock + ":pq"
+	return []string{lock, s[:n+2], s[n+2 : 2*n+4], s[2*n+4 : 3*n+6], s[3*n+6:]}
 }
+
+// permitsArg returns the script argument for a number of permits (1 for
+// read holds), without an allocation for the common small numbers.
+func permitsArg(n int) any {
+	if n >= 0 && n < len(smallInts) {
+		return smallInts[n]
+	}
+	return strconv.Itoa(n)
+}
+
+// smallInts are the script arguments for 0 to 15, boxed once.
+var smallInts = func() [16]any {
+	var a [16]any
+	for i := range a {
+		a[i] = strconv.Itoa(i)
+	}
+	return a
+}()
 
 // checkShared validates a permit or read-hold request.
 func checkShared(r *dlock.Request) error {
@@ -68,7 +88,7 @@ func (b *Backend) tryShared(ctx context.Context, r dlock.Request, member string)
 		permits = r.Permits
 	}
 	keys := sharedKeys(b.lockName(r.Key))
-	args := []any{r.Token, b.ttlArg(r.TTL), kindArg(r.Kind), strconv.Itoa(permits), member}
+	args := []any{r.Token, b.ttlArg(r.TTL), kindArg(r.Kind), permitsArg(permits), member}
 	run := func(ctx context.Context) (reply, error) {
 		return b.eval(ctx, kindAcquireScript, keys, args...)
 	}
@@ -126,6 +146,8 @@ func (b *Backend) releaseSharedGrant(ctx context.Context, r dlock.Request, fence
 	s.Run(context.WithoutCancel(ctx), b.rdb, keys, args...)
 }
 
+// releaseSharedCall returns the script, keys and arguments that give up
+// r's permit or read hold.
 func (b *Backend) releaseSharedCall(r dlock.Request) (*redis.Script, []string, []any) {
 	lock := b.lockName(r.Key)
 	return kindReleaseScript, sharedKeys(lock),

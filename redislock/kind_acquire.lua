@@ -21,15 +21,35 @@
 --                             number of permits;
 --                             nothing is changed in the last three cases.
 --
--- The first hold of a key makes five redis.calls (TIME, SET NX PX GET,
--- DEL, ZADD, PEXPIRE); a hold next to others seven (TIME, SET NX PX GET,
+-- The first hold of a key makes four redis.calls (TIME, SET NX PX GET,
+-- ZADD, PEXPIRE NX); a hold next to others seven (TIME, SET NX PX GET,
 -- ZREMRANGEBYSCORE, ZCARD, ZADD, PEXPIRE GT of the holds and the lock).
---#include lib.lua
---#include kind_lib.lua
+-- The first hold's path runs before the libraries are included: it needs
+-- none of their functions, and creating them costs server time.
 local lock, hs, q, x = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local token, ttl, kind, permits = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
-local t = now()
+local clock = redis.call('TIME')
+local t = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
 local ms = math.floor(t / 1000)
+local ft = string.format('%.0f', t)
+-- The marker: FENCE:COUNT:FLAGS:AHEAD:TOKEN as lib.lua's pack writes it.
+local old = redis.pcall('SET', lock, ft .. ':' .. permits .. ':' .. kind .. ':0:', 'NX', 'PX', ttl, 'GET')
+if not old and ARGV[5] == '' then
+  -- A new marker. PEXPIRE NX finds a holds' set that has a TTL already,
+  -- one an earlier marker left (every set gets its TTL when created): its
+  -- holds are void (dead, or deleted behind their holders' backs), so it
+  -- starts again, as it does when the key holds another type.
+  local m = ft .. ':' .. token
+  local added = redis.pcall('ZADD', hs, ms + ttl, m)
+  if type(added) == 'table' or redis.call('PEXPIRE', hs, ttl, 'NX') == 0 then
+    redis.call('DEL', hs)
+    redis.call('ZADD', hs, ms + ttl, m)
+    redis.call('PEXPIRE', hs, ttl)
+  end
+  return {1, t, 1, t}
+end
+--#include lib.lua
+--#include kind_lib.lua
 
 -- grant adds the hold of fence f to the holds (a new set when fresh). A
 -- queued waiter leaves the queue, and flags the marker s when others
@@ -52,11 +72,11 @@ local function grant(f, fresh)
   return {1, f, 1, t}
 end
 
-local old = redis.pcall('SET', lock, pack(t, permits, kind, 0, ''), 'NX', 'PX', ttl, 'GET')
 if not old then
-  -- A new marker: holds and claims left by an earlier one (deleted
-  -- behind its holders' backs) are void.
-  redis.call('DEL', hs, x)
+  -- A new marker taken by a queued waiter whose turn it is.
+  if kind == 'r' then
+    redis.call('DEL', hs, x)
+  end
   return grant(t, true)
 end
 --#include queue_lib.lua

@@ -31,6 +31,12 @@ if not readers then
   return 0
 end
 local ttl = tonumber(ARGV[2])
+if not has(fl, 'x') then
+  -- Claims count only under flag x: the claim that sets it starts a new
+  -- set (one left by an earlier marker may hold claims of writers that
+  -- were served since).
+  redis.call('DEL', x)
+end
 redis.call('ZADD', x, math.floor(now() / 1000) + ttl, ARGV[1])
 extend(x, ttl)
 flag(lock, f, n, fl, a, t, 'x')

@@ -11,15 +11,17 @@
 --
 -- The holds are the sorted set H (lock .. ":h"): member FENCE ":" TOKEN,
 -- score the hold's deadline (server ms). A member whose deadline passed is
--- dead: the scripts drop it. H lives at least as long as its live holds
--- and is deleted with the last one; a new marker deletes an earlier H.
+-- dead: the scripts ignore it, and drop it when they count the holds. H
+-- lives at least as long as its live holds and is deleted with the last
+-- one; a new marker starts a new H (an earlier one's holds are void).
 --
 -- Permit waiters queue in PQ (lock .. ":pq"), flag s on the marker: see
 -- kind_queue.lua.
 --
 -- A writer that will retry (Request.Waiting) while readers hold leaves a
 -- claim in X (lock .. ":x"): member its token, score the claim's deadline
--- (server ms); the marker gets flag x. A queued writer (flag q, a live
+-- (server ms); the marker gets flag x. X counts only under flag x: the
+-- claim that sets the flag starts a new X. A queued writer (flag q, a live
 -- waiter in the lock's queue) keeps new readers out too.
 
 -- marker_kind returns 'p' or 'r' for a marker (flags fl, token t), nil

@@ -60,10 +60,10 @@ func TestKindCommands(t *testing.T) {
 		want    float64
 	}{
 		{"Lock", dlock.KindLock, 0, false, 6},
-		{"Permit", dlock.KindPermit, 3, false, 13},
-		{"PermitBesideAnother", dlock.KindPermit, 3, true, 14},
-		{"Read", dlock.KindRead, 0, false, 13},
-		{"ReadBesideAnother", dlock.KindRead, 0, true, 16},
+		{"Permit", dlock.KindPermit, 3, false, 10},
+		{"PermitBesideAnother", dlock.KindPermit, 3, true, 13},
+		{"Read", dlock.KindRead, 0, false, 10},
+		{"ReadBesideAnother", dlock.KindRead, 0, true, 15},
 	}
 	for _, tc := range cases {
 		k := key(t) + tc.name
@@ -326,6 +326,76 @@ func TestKindInspectForceRelease(t *testing.T) {
 	r.Fence = mustGrant(t, b, r).Fence
 	if err := b.Release(ctx, r); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestKindMarkerDeleted: when a key's marker is deleted behind its
+// holders' backs (an eviction, a stray DEL), the next hold starts afresh:
+// the earlier holds are void (their refresh and release fail with
+// ErrNotHeld) and do not count against the permits; a writer's claim
+// left from an earlier marker does not keep new readers out.
+func TestKindMarkerDeleted(t *testing.T) {
+	rdb := newRDB(t, srv.Addr())
+	b := newBackend(t, rdb)
+	ctx := ctxT(t, 10*time.Second)
+	for _, k := range []dlock.Kind{dlock.KindPermit, dlock.KindRead} {
+		key := key(t) + k.String()
+		old := kindReq(key, "old", k, 1, time.Minute)
+		old.Fence = mustGrant(t, b, old).Fence
+		if err := rdb.Del(ctx, b.LockName(key)).Err(); err != nil {
+			t.Fatal(err)
+		}
+		r := kindReq(key, "new", k, 1, time.Minute)
+		g := mustGrant(t, b, r)
+		if g.Fence <= old.Fence {
+			t.Fatalf("%s: fence after the DEL: got %d, want above %d", k, g.Fence, old.Fence)
+		}
+		r.Fence = g.Fence
+		if err := b.Refresh(ctx, old); !errors.Is(err, dlock.ErrNotHeld) {
+			t.Fatalf("%s: Refresh of a hold whose marker was deleted: got %v, want ErrNotHeld", k, err)
+		}
+		if err := b.Release(ctx, old); !errors.Is(err, dlock.ErrNotHeld) {
+			t.Fatalf("%s: Release of a hold whose marker was deleted: got %v, want ErrNotHeld", k, err)
+		}
+		info, err := b.Inspect(ctx, key)
+		if err != nil || len(info.Holds) != 1 || info.Holds[0].Owner != "new" {
+			t.Fatalf("%s: Inspect: got %+v, %v; want the new hold only", k, info, err)
+		}
+		if err := b.Release(ctx, r); err != nil {
+			t.Fatalf("%s: Release: %v", k, err)
+		}
+	}
+
+	// A claim left in the claims' set by a writer of an earlier marker.
+	key := key(t) + "claim"
+	first := kindReq(key, "r1", dlock.KindRead, 0, time.Minute)
+	first.Fence = mustGrant(t, b, first).Fence
+	if err := rdb.ZAdd(ctx, b.LockName(key)+":x", redis.Z{Score: float64(time.Now().Add(time.Hour).UnixMilli()), Member: "gone"}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Release(ctx, first); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.ZAdd(ctx, b.LockName(key)+":x", redis.Z{Score: float64(time.Now().Add(time.Hour).UnixMilli()), Member: "gone"}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	rdb.Expire(ctx, b.LockName(key)+":x", time.Hour)
+	r1 := kindReq(key, "r1", dlock.KindRead, 0, time.Minute)
+	r1.Fence = mustGrant(t, b, r1).Fence
+	w := req(key, time.Minute)
+	w.Waiting = true
+	if g, err := b.TryAcquire(ctx, w); err != nil || g.OK {
+		t.Fatalf("a writer behind a reader: got %+v, %v; want not granted", g, err)
+	}
+	if err := b.Release(ctx, dlock.Request{Key: key, Token: w.Token, TTL: w.TTL, Waiting: true}); !errors.Is(err, dlock.ErrNotHeld) {
+		t.Fatalf("the writer's withdrawal: got %v, want ErrNotHeld", err)
+	}
+	r2 := kindReq(key, "r2", dlock.KindRead, 0, time.Minute)
+	r2.Fence = mustGrant(t, b, r2).Fence // the stale claim keeps no one out
+	for _, r := range []dlock.Request{r1, r2} {
+		if err := b.Release(ctx, r); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
