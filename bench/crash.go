@@ -21,6 +21,9 @@ type holderSpec struct {
 	Addrs   addrs         `json:"addrs"`
 	Key     string        `json:"key"`
 	TTL     time.Duration `json:"ttl"`
+	// Lead makes the holder campaign in the election on Key (K3) instead
+	// of taking the lock.
+	Lead bool `json:"lead,omitempty"`
 }
 
 // maybeHolder runs the S4 crash holder or the S5 measurement child and
@@ -56,41 +59,41 @@ func runHolder(raw string) error {
 	}
 	e := newEnv(func(string, ...any) {})
 	e.a = spec.Addrs
-	l, err := s.open(e, openOpts{ttl: spec.TTL, poll: 2 * time.Millisecond})
-	if err != nil {
-		return err
-	}
+	o := openOpts{ttl: spec.TTL, poll: 2 * time.Millisecond}
 	ctx, cancel := opCtx()
 	defer cancel()
-	if _, err := l.lock(context.WithoutCancel(ctx), spec.Key); err != nil {
-		return err
+	if spec.Lead {
+		el, err := openElector(e, s, o)
+		if err != nil {
+			return err
+		}
+		if _, err := el.campaign(context.WithoutCancel(ctx), spec.Key, "crashed"); err != nil {
+			return err
+		}
+	} else {
+		l, err := s.open(e, o)
+		if err != nil {
+			return err
+		}
+		if _, err := l.lock(context.WithoutCancel(ctx), spec.Key); err != nil {
+			return err
+		}
 	}
 	fmt.Fprintln(os.Stdout, "held")
 	select {} // until SIGKILL
 }
 
-// measureS4: a holder process takes the lock with TTL c.s4TTL (renewing it
-// if the library can), a waiter in this process starts waiting, and 300 ms
-// later the holder is SIGKILLed. The figure is the time from the kill to
-// the waiter's acquisition.
-func measureS4(e *env, c config, s *subject, run int) (metrics, error) {
+// startHolder starts a crash holder process (this binary, re-executed)
+// and returns it once it holds what spec says. The caller kills it and
+// waits for it (Process.Kill, Wait).
+func startHolder(spec holderSpec) (*exec.Cmd, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
-	key := fmt.Sprintf("s4-%s-%d", s.id, run)
-	waiter, err := s.open(e, openOpts{ttl: c.s4TTL, poll: c.poll})
-	if err != nil {
-		return nil, err
-	}
-	defer waiter.close()
-	if err := cycle(waiter, key+"-warm"); err != nil {
-		return nil, err
-	}
-
-	spec, _ := json.Marshal(holderSpec{Subject: s.id, Addrs: e.a, Key: key, TTL: c.s4TTL})
+	js, _ := json.Marshal(spec)
 	cmd := exec.Command(exe)
-	cmd.Env = append(os.Environ(), holderEnv+"="+string(spec))
+	cmd.Env = append(os.Environ(), holderEnv+"="+string(js))
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, err
@@ -99,13 +102,6 @@ func measureS4(e *env, c config, s *subject, run int) (metrics, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	killed := false
-	defer func() {
-		if !killed {
-			_ = cmd.Process.Kill()
-		}
-		_ = cmd.Wait()
-	}()
 	line := make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(out)
@@ -116,14 +112,75 @@ func measureS4(e *env, c config, s *subject, run int) (metrics, error) {
 		for sc.Scan() {
 		}
 	}()
+	var failed error
 	select {
 	case l := <-line:
 		if l != "held" {
-			return nil, fmt.Errorf("holder: %s", strings.TrimSpace(l))
+			failed = fmt.Errorf("holder: %s", strings.TrimSpace(l))
 		}
 	case <-time.After(30 * time.Second):
-		return nil, errors.New("holder did not take the lock within 30s")
+		failed = errors.New("holder did not take the lock within 30s")
 	}
+	if failed != nil {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return nil, failed
+	}
+	return cmd, nil
+}
+
+// measureS4: a holder process takes the lock with TTL c.s4TTL (renewing it
+// if the library can), a waiter in this process starts waiting, and 300 ms
+// later the holder is SIGKILLed. The figure is the time from the kill to
+// the waiter's acquisition.
+func measureS4(e *env, c config, s *subject, run int) (metrics, error) {
+	return measureTakeover(e, c, s, run, false)
+}
+
+// measureTakeover is S4 (lead false) or K3 (lead true: the holder leads
+// the election on the key and the waiter campaigns in it).
+func measureTakeover(e *env, c config, s *subject, run int, lead bool) (metrics, error) {
+	key := fmt.Sprintf("s4-%s-%d", s.id, run)
+	o := openOpts{ttl: c.s4TTL, poll: c.poll}
+	var take func(ctx context.Context, key string) (held, error)
+	if lead {
+		key = fmt.Sprintf("k3-%s-%d", s.id, run)
+		el, err := openElector(e, s, o)
+		if err != nil {
+			return nil, err
+		}
+		defer el.close()
+		take = func(ctx context.Context, key string) (held, error) { return el.campaign(ctx, key, "waiter") }
+	} else {
+		waiter, err := s.open(e, o)
+		if err != nil {
+			return nil, err
+		}
+		defer waiter.close()
+		take = waiter.lock
+	}
+	// Warm-up: connections, scripts, sessions.
+	wctx, wcancel := opCtx()
+	h, err := take(wctx, key+"-warm")
+	if err == nil {
+		err = h.unlock(wctx)
+	}
+	wcancel()
+	if err != nil {
+		return nil, err
+	}
+
+	cmd, err := startHolder(holderSpec{Subject: s.id, Addrs: e.a, Key: key, TTL: c.s4TTL, Lead: lead})
+	if err != nil {
+		return nil, err
+	}
+	killed := false
+	defer func() {
+		if !killed {
+			_ = cmd.Process.Kill()
+		}
+		_ = cmd.Wait()
+	}()
 
 	type result struct {
 		at  time.Time
@@ -134,10 +191,16 @@ func measureS4(e *env, c config, s *subject, run int) (metrics, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.s4TTL+30*time.Second)
 	defer cancel()
 	go func() {
-		h, err := waiter.lock(ctx, key)
+		h, err := take(ctx, key)
 		got <- result{time.Now(), h, err}
 	}()
-	time.Sleep(300 * time.Millisecond)
+	if lead {
+		// Just after the leader's first renewal (TTL/3): its lease has
+		// about TTL − 100 ms left, close to the longest a fail-over waits.
+		time.Sleep(c.s4TTL/3 + 100*time.Millisecond)
+	} else {
+		time.Sleep(300 * time.Millisecond)
+	}
 	select {
 	case r := <-got:
 		if r.err == nil {

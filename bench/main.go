@@ -10,8 +10,10 @@
 //
 // Scenarios: S1 uncontended, S2 parallel, S3 contended (hand-offs,
 // fairness, requests per acquisition), S4 crash recovery, S5 100,000
-// auto-renewed leases, S6 degraded Redlock. See docs/BENCHMARKS.md for what
-// each measures and how.
+// auto-renewed leases, S6 degraded Redlock; K1 semaphore against the raw
+// sorted-set semaphore, K2 read holds against the mutex, K3 leader
+// election fail-over. See docs/BENCHMARKS.md for what each measures and
+// how.
 //
 // This module is the only place that imports the peer libraries.
 package main
@@ -58,7 +60,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	var o options
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&o.scenarios, "scenarios", "S1,S2,S3,S4,S5,S6", "comma-separated scenarios to run (S1…S6)")
+	fs.StringVar(&o.scenarios, "scenarios", "S1,S2,S3,S4,S5,S6,K1,K2,K3", "comma-separated scenarios to run (S1…S6, K1…K3)")
 	fs.StringVar(&o.backends, "backends", "all", "comma-separated subjects: floor, fenced-floor, redislock, redislock-fifo, redlock, etcdlock, zklock, memlock, memlock-fifo, redsync, redsync5, bsm, rueidislock, etcd-mutex, zk-lock; or all")
 	fs.StringVar(&o.out, "out", "", "markdown report to write (default: standard output)")
 	fs.StringVar(&o.charts, "charts", "", "directory for the charts (default: bench/ next to -out; none without -out)")
@@ -130,7 +132,7 @@ func run1(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	for id := range want {
-		return fmt.Errorf("unknown scenario %q (known: S1…S6)", id)
+		return fmt.Errorf("unknown scenario %q (known: S1…S6, K1…K3)", id)
 	}
 
 	logf := func(format string, args ...any) {

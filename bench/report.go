@@ -152,6 +152,9 @@ func (r *report) writeScenario(b *strings.Builder, res *result) {
 		w("| %s |\n|%s\n", strings.Join(head, " | "), strings.Repeat("---|", len(head)))
 		for _, o := range measured {
 			name := o.s.name
+			if n := kindName(sc.id, o.s); n != "" {
+				name = n
+			}
 			if o.s.role == roleDlock {
 				name = "**" + name + "**"
 			}
@@ -559,5 +562,5 @@ func (r *report) targets() []target {
 		}
 		ts = append(ts, target{"S3: mutual exclusion (no acquisition while another goroutine is inside)", fig, verdict(len(bad) == 0)})
 	}
-	return ts
+	return append(ts, r.kindTargets(measured, why)...)
 }

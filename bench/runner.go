@@ -274,7 +274,7 @@ func allScenarios() []*scenario {
 		{key: "req/op", head: "client req/op", digits: 2, lowerBetter: true},
 		{key: "srv/op", head: "server cmds/op", digits: 2, lowerBetter: true},
 	}
-	return []*scenario{
+	return append([]*scenario{
 		{
 			id: "S1", title: "S1 — uncontended: one goroutine, one key, acquire + release",
 			about: "One goroutine takes and releases one key in a loop for %s per run, %d runs. " +
@@ -403,7 +403,7 @@ func allScenarios() []*scenario {
 				{key: "errors", head: "failed cycles", digits: 0, lowerBetter: true},
 			}, reqCols...),
 		},
-	}
+	}, kindScenarios()...)
 }
 
 // about fills in a scenario's description with the run's sizes.
@@ -422,5 +422,5 @@ func about(sc *scenario, c config) string {
 	case "S6":
 		return fmt.Sprintf(sc.about, c.s6Down, c.s6Dur, c.runs)
 	}
-	return sc.about
+	return kindAbout(sc, c)
 }

@@ -138,8 +138,14 @@ func measureS1(e *env, c config, s *subject, run int) (metrics, error) {
 }
 
 func measureSerial(e *env, c config, s *subject, run int, name string, dur time.Duration) (metrics, error) {
+	return measureLoop(e, c, s, run, name, dur, s.open)
+}
+
+// measureLoop is measureSerial on the lockers open returns (K1: a
+// semaphore's permits).
+func measureLoop(e *env, c config, s *subject, run int, name string, dur time.Duration, open func(*env, openOpts) (locker, error)) (metrics, error) {
 	cnt := &counter{}
-	l, err := s.open(e, openOpts{ttl: c.ttl, poll: c.poll, count: cnt})
+	l, err := open(e, openOpts{ttl: c.ttl, poll: c.poll, count: cnt})
 	if err != nil {
 		return nil, err
 	}
