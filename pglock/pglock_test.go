@@ -293,8 +293,17 @@ func TestGuard(t *testing.T) {
 	ctx := ctxT(t, time.Minute)
 	pool := newPool(t)
 	b := pglock.New(pool)
-	c := dlock.New(b, dlock.WithTTL(200*time.Millisecond), dlock.WithAutoRenew(false))
+	c := dlock.New(b, dlock.WithTTL(500*time.Millisecond), dlock.WithAutoRenew(false))
 	defer c.Close()
+	// A first grant dials and prepares; under load that alone can take
+	// longer than the short TTL below.
+	warm, err := c.Acquire(ctx, key+".warm", dlock.WithTTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := warm.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
 	old, err := c.Acquire(ctx, key)
 	if err != nil {
 		t.Fatal(err)
