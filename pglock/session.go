@@ -18,8 +18,9 @@ import (
 
 // SessionBackend is a dlock.Backend holding each lock as a session
 // advisory lock, on a pooled connection it keeps for as long as the lock
-// is held: when the connection drops, the server releases the lock. Create
-// it with NewSession. It implements dlock.Backend, dlock.Notifier,
+// is held, and a row recording the grant's deadline: when the connection
+// drops, the holder learns of the loss, and no one else is granted the
+// lock before that deadline (a lock-delay). Create it with NewSession. It implements dlock.Backend, dlock.Notifier,
 // dlock.LossNotifier, dlock.Inspector, dlock.ForceReleaser and MinTTL
 // (dlock.TTLFloor).
 type SessionBackend struct {
@@ -73,11 +74,14 @@ func (s *SessionBackend) Err() error { return s.b.err }
 // checks that the session is alive).
 func (s *SessionBackend) MinTTL() time.Duration { return MinTTL }
 
-// TryAcquire makes one attempt: pg_try_advisory_lock on a connection of
-// its own, and on success a fence drawn from the sequence in the same
-// statement, after the lock is taken. The holder's token re-enters in
-// this process when r.Reentrant (a session lock cannot be shared with
-// another process). A held lock returns Grant{OK: false}.
+// TryAcquire makes one attempt, one statement on a connection of its
+// own: pg_try_advisory_lock, then, if the key's row is free, the row
+// taken with a fence drawn from the sequence and expires now() + r.TTL.
+// The holder's token re-enters in this process when r.Reentrant (a
+// session lock cannot be shared with another process). A held lock, or
+// the live row of a grant whose session ended without a release, returns
+// Grant{OK: false}, with the row's remaining TTL when a waiter of this
+// SessionBackend is subscribed to r.Key (0, unknown, otherwise).
 func (s *SessionBackend) TryAcquire(ctx context.Context, r dlock.Request) (dlock.Grant, error) {
 	if err := s.b.enter(ctx); err != nil {
 		return dlock.Grant{}, err
@@ -100,25 +104,42 @@ func (s *SessionBackend) TryAcquire(ctx context.Context, r dlock.Request) (dlock
 		return dlock.Grant{}, wrap("acquire", err)
 	}
 	var (
-		fence int64
-		pid   int32
+		fence  int64
+		pid    int32
+		remain int64
 	)
+	// As in the lease mode, the holder's TTL is read only for an attempt
+	// made while a waiter of this Backend is subscribed to the key.
+	stmt := s.b.stmts.sessionLock[b2i(s.b.lis.waiting(r.Key))]
 	start := time.Now()
-	if err := conn.QueryRow(ctx, s.b.stmts.sessionLock, r.Key, idleTimeout(r.TTL), r.Token).Scan(&fence, &pid, nil); err != nil {
-		// A statement cut short closes the connection: a lock it may
-		// have taken ends with the session.
-		conn.Release()
+	if err := conn.QueryRow(ctx, stmt, r.Key, idleTimeout(r.TTL), r.Token, r.TTL.Microseconds()).Scan(&fence, &pid, nil, &remain); err != nil {
+		s.abort(conn, r)
 		return dlock.Grant{}, wrap("acquire", err)
 	}
 	if fence == 0 {
 		conn.Release()
-		return dlock.Grant{}, nil
+		return dlock.Grant{HolderTTL: time.Duration(remain) * time.Microsecond}, nil
 	}
 	h := &session{conn: conn, key: r.Key, token: r.Token, fence: uint64(fence), count: 1, pid: pid, lastOK: start, ttl: r.TTL}
 	s.mu.Lock()
 	s.held[r.Key] = h
 	s.mu.Unlock()
 	return dlock.Grant{OK: true, Fence: h.fence, Count: 1}, nil
+}
+
+// abort cleans up after an attempt that failed on conn: it closes conn,
+// ending the session and any lock it took (a session lock outlives a
+// rolled-back transaction), and frees the row a lost reply may have
+// granted when the token is the attempt's own (not Reentrant); a grant
+// committed after that expires at its TTL.
+func (s *SessionBackend) abort(conn *pgxpool.Conn, r dlock.Request) {
+	ctx, cancel := context.WithTimeout(context.Background(), abandonTimeout)
+	defer cancel()
+	_ = conn.Conn().Close(ctx)
+	conn.Release()
+	if !r.Reentrant {
+		_, _ = s.b.pool.Exec(ctx, s.b.stmts.sessionAbort, r.Key, r.Token)
+	}
 }
 
 // hold returns the live session of r, or an error matching
@@ -134,8 +155,9 @@ func (s *SessionBackend) hold(op string, r dlock.Request) (*session, error) {
 }
 
 // Refresh checks that the lock's session is alive and still the same
-// server process, and sets the session's idle timeout to r.TTL. The lock
-// lives as long as the session; the server ends a session idle for its
+// server process, sets the session's idle timeout to r.TTL and moves the
+// row's deadline to greatest(expires, now() + r.TTL), in one statement.
+// The session lock lives as long as the session; the server ends a session idle for its
 // timeout, and the backend closes one whose renewal has not succeeded
 // within the TTL after the last success, so no lock outlives its lease by
 // more than a TTL. The check runs on its own: a caller whose context ends
@@ -143,7 +165,8 @@ func (s *SessionBackend) hold(op string, r dlock.Request) (*session, error) {
 // would close the connection and end the session). A session that ended
 // is reported with its error, not ErrNotHeld (whether the server already
 // noticed is unknown: the lease ends when it could have expired); a
-// changed server process with an error matching dlock.ErrNotHeld.
+// changed server process, or a row no longer the grant's, with an error
+// matching dlock.ErrNotHeld.
 func (s *SessionBackend) Refresh(ctx context.Context, r dlock.Request) error {
 	if err := s.b.enter(ctx); err != nil {
 		return err
@@ -199,14 +222,19 @@ func (h *session) ping(stmt string, deadline time.Time, done chan struct{}) {
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	start := time.Now()
-	var pid int32
-	err := h.conn.QueryRow(ctx, stmt, idleTimeout(h.ttl)).Scan(&pid, nil)
+	var (
+		pid   int32
+		found bool
+	)
+	err := h.conn.QueryRow(ctx, stmt, idleTimeout(h.ttl), h.key, h.token, int64(h.fence), h.ttl.Microseconds()).Scan(&pid, nil, &found)
 	switch {
 	case err != nil:
 		h.fail(err)
 		h.pingErr = wrap("refresh", err)
 	case pid != h.pid:
 		h.pingErr = fmt.Errorf("pglock: refresh: %w: the connection moved from server process %d to %d; session mode needs a session of its own (a transaction-pooling proxy is in the way)", dlock.ErrNotHeld, h.pid, pid)
+	case !found:
+		h.pingErr = fmt.Errorf("pglock: refresh: %w: the lock's row was freed (ForceRelease) or taken over after its deadline", dlock.ErrNotHeld)
 	default:
 		h.lastOK, h.pingErr = start, nil
 	}
@@ -218,9 +246,10 @@ func idleTimeout(ttl time.Duration) string {
 	return strconv.FormatInt(int64((ttl+time.Millisecond-1)/time.Millisecond), 10)
 }
 
-// Release gives up one hold; the last unlocks the session lock, wakes the
-// oldest live waiter (one statement) and returns the connection to the
-// pool. When r.Token does not hold the lock it returns an error matching
+// Release gives up one hold; the last frees the row, unlocks the session
+// lock, wakes the oldest live waiter (one statement) and returns the
+// connection to the pool (a session that already ended has its row freed
+// on another connection, and the release reports dlock.ErrNotHeld). When r.Token does not hold the lock it returns an error matching
 // dlock.ErrNotHeld and changes nothing.
 func (s *SessionBackend) Release(ctx context.Context, r dlock.Request) error {
 	if err := s.b.enter(ctx); err != nil {
@@ -239,27 +268,43 @@ func (s *SessionBackend) Release(ctx context.Context, r dlock.Request) error {
 	}
 	delete(s.held, r.Key)
 	s.mu.Unlock()
-	return h.unlock(ctx, s.b.stmts.sessionUnlock)
+	return s.unlock(ctx, h, true)
 }
 
-// unlock releases the session lock and the connection.
-func (h *session) unlock(ctx context.Context, stmt string) error {
+// unlock releases the session lock and the connection. A release
+// (clean) also frees the grant's row, ending the lock-delay, even when
+// the session has already ended; a hold given up after a loss leaves the
+// row to its deadline, which its holder may still believe in.
+func (s *SessionBackend) unlock(ctx context.Context, h *session, clean bool) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.dead != nil {
 		err := fmt.Errorf("pglock: release: %w: the session ended, and with it the lock: %v", dlock.ErrNotHeld, h.dead)
 		h.dead = errReleased
 		h.conn.Release()
+		if clean {
+			s.free(ctx, h)
+		}
 		return err
 	}
-	var ok bool
-	err := h.conn.QueryRow(ctx, stmt, h.key).Scan(&ok, nil, nil)
+	var (
+		ok  bool
+		err error
+	)
+	if clean {
+		err = h.conn.QueryRow(ctx, s.b.stmts.sessionUnlock, h.key, h.token, int64(h.fence)).Scan(&ok, nil, nil)
+	} else {
+		err = h.conn.QueryRow(ctx, s.b.stmts.sessionGiveUp, h.key).Scan(&ok, nil)
+	}
 	if err != nil {
 		// Closing the connection ends the session: the server releases
 		// the lock.
 		h.fail(err)
 		h.dead = errReleased
 		h.conn.Release()
+		if clean {
+			s.free(ctx, h)
+		}
 		if sessionEnded(err) {
 			return fmt.Errorf("pglock: release: %w: the session ended, and with it the lock: %v", dlock.ErrNotHeld, err)
 		}
@@ -271,6 +316,14 @@ func (h *session) unlock(ctx context.Context, stmt string) error {
 		return fmt.Errorf("pglock: release: %w: the session did not hold the lock (a transaction-pooling proxy is in the way?)", dlock.ErrNotHeld)
 	}
 	return nil
+}
+
+// free frees h's row on another connection (the lease mode's release of
+// a single hold: it also wakes the oldest live waiter), after h's session
+// ended: the holder gave the lock up, so no lock-delay is needed. Within
+// ctx; if it fails the row expires at its deadline.
+func (s *SessionBackend) free(ctx context.Context, h *session) {
+	_, _ = s.b.pool.Exec(ctx, s.b.stmts.release[1], h.key, h.token, int64(h.fence))
 }
 
 // fail records that the connection failed and closes it, ending the
@@ -317,9 +370,10 @@ func (h *session) alive() bool {
 //
 // When the last registration of a hold stops while the hold is still
 // here (the Client gave the lease up without releasing it, as after a
-// local loss), the hold is given up: its lock is unlocked (waking the
-// oldest live waiter) in the background, within a second, or its
-// session closed.
+// loss), the hold is given up: its session lock is unlocked in the
+// background, within a second, or its session closed. Its row is left
+// to the grant's deadline: the lease's holder was not released and may
+// still believe it holds the lock until then.
 func (s *SessionBackend) NotifyLoss(r dlock.Request, fn func(cause error)) (stop func()) {
 	h, err := s.hold("notify", r)
 	if err != nil {
@@ -358,15 +412,16 @@ func (s *SessionBackend) unregister(h *session) {
 		defer s.gave.Done()
 		ctx, cancel := context.WithTimeout(context.Background(), abandonTimeout)
 		defer cancel()
-		_ = h.unlock(ctx, s.b.stmts.sessionUnlock)
+		_ = s.unlock(ctx, h, false)
 	}()
 }
 
-// Inspect returns whether a session holds the lock, its fence and owner
-// (from the holder session's application_name: an owner longer than the
-// name's 63 bytes allow is cut), the hold count when the lock is held
-// through this SessionBackend, and the number of live waiters. TTL is 0:
-// the lock lives as long as its session.
+// Inspect returns whether the lock is held, by a session or by the
+// lock-delay of a grant whose session ended without a release; its fence,
+// owner and remaining TTL from the key's row (from the holder session's
+// application_name when the row has expired: an owner longer than the
+// name's 63 bytes allow is cut, TTL 0); the hold count when the lock is
+// held through this SessionBackend; and the number of live waiters.
 func (s *SessionBackend) Inspect(ctx context.Context, key string) (dlock.Info, error) {
 	if err := s.b.enter(ctx); err != nil {
 		return dlock.Info{}, err
@@ -375,20 +430,27 @@ func (s *SessionBackend) Inspect(ctx context.Context, key string) (dlock.Info, e
 		pid     *int32
 		app     string
 		waiters int64
+		token   *string
+		fence   *int64
+		remain  *int64
 	)
-	if err := s.b.pool.QueryRow(ctx, s.b.stmts.sessionInspect, key).Scan(&pid, &app, &waiters); err != nil {
+	if err := s.b.pool.QueryRow(ctx, s.b.stmts.sessionInspect, key).Scan(&pid, &app, &waiters, &token, &fence, &remain); err != nil {
 		return dlock.Info{}, wrap("inspect", err)
 	}
-	info := dlock.Info{Key: key, Held: pid != nil, Waiters: int(waiters)}
-	if !info.Held {
+	info := dlock.Info{Key: key, Held: pid != nil || token != nil, Waiters: int(waiters)}
+	switch {
+	case token != nil:
+		info.Owner, info.Fence, info.TTL = *token, uint64(*fence), time.Duration(*remain)*time.Microsecond
+	case !info.Held:
 		return info, nil
-	}
-	// "dlock FENCE TOKEN", set by the holder's session at the grant.
-	if f := strings.SplitN(app, " ", 3); len(f) == 3 && f[0] == "dlock" {
-		info.Fence, _ = strconv.ParseUint(f[1], 10, 64)
-		info.Owner = f[2]
-	} else {
-		info.Owner = fmt.Sprintf("server process %d", *pid)
+	default:
+		// "dlock FENCE TOKEN", set by the holder's session at the grant.
+		if f := strings.SplitN(app, " ", 3); len(f) == 3 && f[0] == "dlock" {
+			info.Fence, _ = strconv.ParseUint(f[1], 10, 64)
+			info.Owner = f[2]
+		} else {
+			info.Owner = fmt.Sprintf("server process %d", *pid)
+		}
 	}
 	s.mu.Lock()
 	if h := s.held[key]; h != nil && h.fence == info.Fence {
@@ -398,21 +460,17 @@ func (s *SessionBackend) Inspect(ctx context.Context, key string) (dlock.Info, e
 	return info, nil
 }
 
-// ForceRelease ends the session holding the lock (pg_terminate_backend;
+// ForceRelease frees the lock at once: it frees the key's row (ending a
+// lock-delay), ends the session holding the lock (pg_terminate_backend;
 // the server then releases the lock and the holder learns of the loss at
 // its next renewal) and wakes the oldest live waiter. Held is false when
-// no session held it.
+// the lock was free.
 func (s *SessionBackend) ForceRelease(ctx context.Context, key string) (dlock.Info, error) {
 	info, err := s.Inspect(ctx, key)
 	if err != nil || !info.Held {
 		return info, err
 	}
-	rows, err := s.b.pool.Query(ctx, s.b.stmts.sessionTerminate, key)
-	if err != nil {
-		return dlock.Info{}, wrap("force release", err)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
+	if _, err := s.b.pool.Exec(ctx, s.b.stmts.sessionTerminate, key); err != nil {
 		return dlock.Info{}, wrap("force release", err)
 	}
 	info.Waiters = -1
@@ -424,8 +482,9 @@ func (s *SessionBackend) Subscribe(ctx context.Context, key string) (<-chan stru
 	return s.b.Subscribe(ctx, key)
 }
 
-// Close ends the sessions of locks still held (the server releases them)
-// and closes the listener. It does not close the pool.
+// Close ends the sessions of locks still held (the server releases them;
+// their rows keep the locks until their deadlines) and closes the
+// listener. It does not close the pool.
 func (s *SessionBackend) Close() error {
 	s.mu.Lock()
 	held := s.held

@@ -20,6 +20,9 @@ var _ interface {
 	dlock.TTLFloor
 } = (*pglock.SessionBackend)(nil)
 
+// The session mode is not SessionBound: a lock that is not renewed ends
+// at its TTL (the server ends the idle session, the row's deadline
+// passes), so the suite's expiry cases run too.
 func TestSessionConformance(t *testing.T) {
 	dlocktest.Run(t, dlocktest.Harness{
 		NewBackend: func(t *testing.T) dlock.Backend {
@@ -38,7 +41,6 @@ func TestSessionConformance(t *testing.T) {
 				}
 			}
 		},
-		SessionBound: true,
 	})
 }
 
@@ -132,15 +134,17 @@ func TestSessionRefreshRelease(t *testing.T) {
 }
 
 // A hold whose last loss registration stops without a release (the Client
-// gave the lease up, as after a local loss) is given up: its lock is
-// unlocked and the key can be taken again, also through the same
-// SessionBackend. A hold that still has a registration stays held.
+// gave the lease up, as after a loss) is given up: its session lock is
+// unlocked, and the key can be taken again, also through the same
+// SessionBackend, once the grant's deadline has passed (the holder was
+// not released). A hold that still has a registration stays held.
 func TestSessionGivenUpWhenUnwatched(t *testing.T) {
 	s := pglock.NewSession(newPool(t))
 	defer s.Close()
-	ctx := ctxT(t, 10*time.Second)
+	ctx := ctxT(t, 30*time.Second)
 	key := dlocktest.Key(t)
 	r := dlock.Request{Key: key, Token: "a", TTL: 5 * time.Second}
+	start := time.Now()
 	g, err := s.TryAcquire(ctx, r)
 	if err != nil || !g.OK {
 		t.Fatalf("TryAcquire(a): got %+v, %v; want granted", g, err)
@@ -161,6 +165,9 @@ func TestSessionGivenUpWhenUnwatched(t *testing.T) {
 			t.Fatalf("TryAcquire(b) after the last stop: %v", err)
 		}
 		if g.OK {
+			if time.Now().Before(start.Add(r.TTL)) {
+				t.Fatalf("TryAcquire(b) granted before the given-up grant's deadline %v", start.Add(r.TTL))
+			}
 			if g.Fence <= r.Fence {
 				t.Fatalf("TryAcquire(b): got fence %d, want above %d", g.Fence, r.Fence)
 			}
@@ -174,5 +181,133 @@ func TestSessionGivenUpWhenUnwatched(t *testing.T) {
 	}
 	if err := s.Release(ctx, r); !errors.Is(err, dlock.ErrNotHeld) {
 		t.Fatalf("Release(a) after it was given up: got %v, want ErrNotHeld", err)
+	}
+}
+
+// terminateHolder ends the server session that holds key's lock as the
+// grant with fence (pg_terminate_backend, waiting until it has exited),
+// as a killed process or a reset connection would end it.
+func terminateHolder(t *testing.T, ctx context.Context, fence uint64) {
+	t.Helper()
+	var n int
+	err := newPool(t).QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+  WHERE application_name LIKE 'dlock ' || $1::bigint || ' %' AND pg_terminate_backend(pid, 10000)`, int64(fence)).Scan(&n)
+	if err != nil || n != 1 {
+		t.Fatalf("terminate the holder's session: got %d sessions, %v; want 1", n, err)
+	}
+}
+
+// A grant whose session ends without a release (the holder was killed, or
+// its connection reset) keeps the lock until the grant's deadline, the
+// latest Expires its holder may compute: another Backend is not granted
+// before it, and is granted after it with a higher fence. Inspect shows
+// the lock held meanwhile. A release ends the delay, even after the
+// session ended.
+func TestSessionLockDelay(t *testing.T) {
+	const delayTTL = 2 * time.Second
+	ctx := ctxT(t, time.Minute)
+	holder := pglock.NewSession(newPool(t))
+	defer holder.Close()
+	other := pglock.NewSession(newPool(t))
+	defer other.Close()
+	r := dlock.Request{Key: dlocktest.Key(t), Token: "holder", TTL: delayTTL}
+	start := time.Now()
+	g, err := holder.TryAcquire(ctx, r)
+	if err != nil || !g.OK {
+		t.Fatalf("TryAcquire(holder): got %+v, %v; want granted", g, err)
+	}
+	expires := start.Add(delayTTL) // no Lease's Expires is later
+	terminateHolder(t, ctx, g.Fence)
+
+	info, err := other.Inspect(ctx, r.Key)
+	switch {
+	case err != nil:
+		t.Fatalf("Inspect: %v", err)
+	case time.Now().Before(expires) && (!info.Held || info.Owner != r.Token || info.Fence != g.Fence || info.TTL <= 0):
+		t.Fatalf("Inspect during the lock-delay: got %+v; want held by %q, fence %d, TTL > 0", info, r.Token, g.Fence)
+	}
+	// A subscribed waiter's attempts report the holder's remaining TTL.
+	_, unsubscribe, err := other.Subscribe(ctx, r.Key)
+	if err != nil {
+		t.Fatalf("Subscribe: %v", err)
+	}
+	defer unsubscribe()
+	o := dlock.Request{Key: r.Key, Token: "other", TTL: delayTTL}
+	refused := 0
+	for {
+		og, err := other.TryAcquire(ctx, o)
+		done := time.Now()
+		if err != nil {
+			t.Fatalf("TryAcquire(other): %v", err)
+		}
+		if og.OK {
+			if done.Before(expires) {
+				t.Fatalf("granted at %v, before the terminated grant's Expires %v", done, expires)
+			}
+			if og.Fence <= g.Fence {
+				t.Fatalf("fence after the lock-delay: got %d, want > %d", og.Fence, g.Fence)
+			}
+			o.Fence = og.Fence
+			break
+		}
+		if og.HolderTTL <= 0 || og.HolderTTL > delayTTL {
+			t.Fatalf("TryAcquire(other) during the lock-delay: HolderTTL %v, want in (0, %v]", og.HolderTTL, delayTTL)
+		}
+		refused++
+		select {
+		case <-ctx.Done():
+			t.Fatal("never granted after the lock-delay")
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	if refused == 0 {
+		t.Fatal("the first attempt after the holder's session ended was granted: no lock-delay")
+	}
+	if err := holder.Release(ctx, r); !errors.Is(err, dlock.ErrNotHeld) {
+		t.Fatalf("Release(holder) after the delay: got %v, want ErrNotHeld", err)
+	}
+
+	// A release by the holder whose session ended frees the lock at once.
+	terminateHolder(t, ctx, o.Fence)
+	if err := other.Release(ctx, o); !errors.Is(err, dlock.ErrNotHeld) {
+		t.Fatalf("Release(other) after its session ended: got %v, want ErrNotHeld", err)
+	}
+	r.Fence = 0
+	if g, err := holder.TryAcquire(ctx, r); err != nil || !g.OK {
+		t.Fatalf("TryAcquire after a release whose session had ended: got %+v, %v; want granted at once", g, err)
+	}
+}
+
+// A clean release ends the hold at once: another Backend is granted
+// without waiting for the released grant's deadline.
+func TestSessionReleaseNoDelay(t *testing.T) {
+	ctx := ctxT(t, time.Minute)
+	holder := pglock.NewSession(newPool(t))
+	defer holder.Close()
+	other := pglock.NewSession(newPool(t))
+	defer other.Close()
+	r := dlock.Request{Key: dlocktest.Key(t), Token: "holder", TTL: time.Minute}
+	g, err := holder.TryAcquire(ctx, r)
+	if err != nil || !g.OK {
+		t.Fatalf("TryAcquire(holder): got %+v, %v; want granted", g, err)
+	}
+	r.Fence = g.Fence
+	if err := holder.Refresh(ctx, r); err != nil {
+		t.Fatalf("Refresh: %v", err)
+	}
+	o := dlock.Request{Key: r.Key, Token: "other", TTL: time.Minute}
+	if og, err := other.TryAcquire(ctx, o); err != nil || og.OK {
+		t.Fatalf("TryAcquire(other) while held: got %+v, %v; want not granted", og, err)
+	}
+	if err := holder.Release(ctx, r); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	og, err := other.TryAcquire(ctx, o)
+	if err != nil || !og.OK || og.Fence <= g.Fence {
+		t.Fatalf("TryAcquire(other) after the release: got %+v, %v; want granted at once with a fence above %d", og, err, g.Fence)
+	}
+	o.Fence = og.Fence
+	if err := other.Release(ctx, o); err != nil {
+		t.Fatalf("Release(other): %v", err)
 	}
 }

@@ -151,43 +151,99 @@ ORDER BY id LIMIT 1`
 	// until the transaction ends.
 	sqlGuard = `SELECT 1 FROM {s}.locks WHERE key = $1 AND token = $2 AND fence = $3::bigint AND expires > now() FOR SHARE`
 
-	// $1 key: a fence (0: not taken) and the server process. The advisory
-	// lock's id is a 64-bit hash of the schema and the key; the fence is
-	// drawn after the lock is taken.
-	// $2 is the lease's TTL in ms: once the lock is taken the session's
-	// idle_session_timeout, so that the server ends a session (and frees
-	// its lock) that sends nothing for a TTL. $3 is the token: with the
-	// fence, the session's application_name ("dlock FENCE TOKEN", cut at
-	// 63 bytes), which other sessions read in pg_stat_activity.
-	sqlSessionLock = `SELECT f, pg_backend_pid(), CASE WHEN f > 0 THEN
-    set_config('idle_session_timeout', $2, false) || set_config('application_name', left('dlock ' || f || ' ' || $3, 63), false) END
-FROM (SELECT CASE WHEN pg_try_advisory_lock(hashtextextended('{n}:' || $1, 0))
-  THEN nextval('{s}.fence') ELSE 0 END AS f) grant_`
+	// $1 key, $2 the TTL in ms, $3 token, $4 the TTL in µs: one row, the
+	// fence (0: not granted), the server process, the settings made, and
+	// when not granted {remain}: the remaining µs of the key's row, or 0
+	// (unknown). Reading the row costs a grant a twentieth of its time, so
+	// it is done only for attempts that need the answer (see
+	// SessionBackend.TryAcquire).
+	//
+	// The advisory lock's id is a 64-bit hash of the schema and the key.
+	// Once it is taken, the key's row in locks is taken over the way
+	// sqlAcquire takes over a free one (a fence from the sequence drawn
+	// after the row is locked, count 1, expires now() + TTL), but only if
+	// the row is free: a row still live belongs to a grant whose session
+	// ended without a release, whose holder may still believe it holds the
+	// lock until that deadline (the lock-delay). The advisory lock is then
+	// unlocked again in the same statement, after the upsert ran. On a
+	// grant the session's idle_session_timeout becomes the TTL (the server
+	// ends a session, and frees its lock, that sends nothing for a TTL),
+	// and its application_name "dlock FENCE TOKEN" (cut at 63 bytes),
+	// which other sessions read in pg_stat_activity.
+	sqlSessionLock = `WITH g AS MATERIALIZED (SELECT pg_try_advisory_lock(hashtextextended('{n}:' || $1, 0)) AS ok),
+up AS (
+  INSERT INTO {s}.locks AS l (key, token, fence, count, expires)
+  SELECT $1, $3, nextval('{s}.fence'), 1, now() + $4::bigint * interval '1 microsecond' FROM g WHERE g.ok
+  ON CONFLICT (key) DO UPDATE SET token = excluded.token, fence = nextval('{s}.fence'), count = 1,
+    expires = excluded.expires
+  WHERE l.expires <= now()
+  RETURNING l.fence
+)
+SELECT coalesce(up.fence, 0), pg_backend_pid(), CASE
+    WHEN up.fence IS NOT NULL THEN set_config('idle_session_timeout', $2, false) || set_config('application_name', left('dlock ' || up.fence || ' ' || $3, 63), false)
+    WHEN g.ok THEN pg_advisory_unlock(hashtextextended('{n}:' || $1, 0))::text END,
+  {remain}
+FROM g LEFT JOIN up ON true`
+
+	// sqlSessionRemain is {remain} in sqlSessionLock for the variant that
+	// reports the holder's remaining TTL.
+	sqlSessionRemain = `CASE WHEN up.fence IS NULL THEN coalesce((SELECT (extract(epoch FROM d.expires - now()) * 1e6)::bigint
+    FROM {s}.locks d WHERE d.key = $1 AND d.expires > now()), 0) ELSE 0 END`
 
 	// $1 key: the server process holding the session lock (NULL: none),
-	// its application_name, and the live waiters.
+	// its application_name, the live waiters, and the key's live row:
+	// token, fence and remaining µs (NULL: none; a row outlives its
+	// session until its deadline).
 	sqlSessionInspect = `WITH k AS (SELECT hashtextextended('{n}:' || $1, 0) AS v)
-SELECT l.pid, coalesce(a.application_name, ''), (SELECT count(*) FROM {s}.waiters w WHERE w.key = $1 AND w.expires > now())
+SELECT l.pid, coalesce(a.application_name, ''), (SELECT count(*) FROM {s}.waiters w WHERE w.key = $1 AND w.expires > now()),
+  d.token, d.fence, (extract(epoch FROM d.expires - now()) * 1e6)::bigint
 FROM k LEFT JOIN pg_locks l ON l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
   AND l.classid = ((k.v >> 32) & 4294967295)::oid AND l.objid = (k.v & 4294967295)::oid
-LEFT JOIN pg_stat_activity a ON a.pid = l.pid`
+LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+LEFT JOIN {s}.locks d ON d.key = $1 AND d.expires > now() AND d.token <> ''`
 
-	// $1 key: ends the session holding the lock (the server then releases
-	// it) and wakes the oldest live waiter. A row (the process) when there
-	// was one.
-	sqlSessionTerminate = `WITH k AS (SELECT hashtextextended('{n}:' || $1, 0) AS v)
-SELECT l.pid, pg_terminate_backend(l.pid), (` + sqlWake + `)
-FROM k JOIN pg_locks l ON l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
-  AND l.classid = ((k.v >> 32) & 4294967295)::oid AND l.objid = (k.v & 4294967295)::oid`
+	// $1 key: frees the key's live row (ending a lock-delay), ends the
+	// session holding the lock (the server then releases it) and wakes
+	// the oldest live waiter. One row: rows freed, sessions ended.
+	sqlSessionTerminate = `WITH k AS (SELECT hashtextextended('{n}:' || $1, 0) AS v),
+d AS (UPDATE {s}.locks SET token = '', count = 0, expires = now() WHERE key = $1 AND expires > now() AND token <> '' RETURNING 1),
+t AS (SELECT pg_terminate_backend(l.pid) FROM k JOIN pg_locks l ON l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+  AND l.classid = ((k.v >> 32) & 4294967295)::oid AND l.objid = (k.v & 4294967295)::oid)
+SELECT (SELECT count(*) FROM d), (SELECT count(*) FROM t), (` + sqlWake + `)`
 
-	// $1 the TTL in ms: the server process and the idle timeout set.
-	sqlSessionPing = `SELECT pg_backend_pid(), set_config('idle_session_timeout', $1, false)`
+	// $1 the TTL in ms, $2 key, $3 token, $4 fence, $5 the TTL in µs:
+	// the server process, the idle timeout set, and whether the grant's
+	// row was found, its deadline moved to greatest(expires, now() +
+	// TTL).
+	sqlSessionPing = `WITH r AS (UPDATE {s}.locks SET expires = greatest(expires, now() + $5::bigint * interval '1 microsecond')
+  WHERE key = $2 AND token = $3 AND fence = $4::bigint RETURNING 1)
+SELECT pg_backend_pid(), set_config('idle_session_timeout', $1, false), EXISTS (SELECT 1 FROM r)`
 
-	// $1 key: whether the session held the lock; the idle timeout and
-	// the application name are cleared for the pool, and the oldest live
-	// waiter is woken.
-	sqlSessionUnlock = `SELECT pg_advisory_unlock(hashtextextended('{n}:' || $1, 0)),
-  (` + sqlWake + `), set_config('idle_session_timeout', '0', false) || set_config('application_name', '', false)`
+	// $1 key, $2 token, $3 fence: the grant's row freed first, then the
+	// session lock unlocked (reading the update's result orders the two:
+	// an acquirer that takes the advisory lock meanwhile waits for this
+	// transaction on the row and sees it free); whether the session held
+	// the lock; whether a waiter was woken; the idle timeout and the
+	// application name cleared for the pool. As in sqlRelease, the oldest
+	// live waiter is woken (function wake) only when the row is marked
+	// for a waiter (or was not found): a release without waiters does not
+	// read the waiters table.
+	sqlSessionUnlock = `WITH r AS (UPDATE {s}.locks SET token = '', count = 0, expires = least(expires, now())
+  WHERE key = $1 AND token = $2 AND fence = $3::bigint RETURNING wake_until > now() AS w),
+m AS (SELECT bool_or(w) AS w FROM r)
+SELECT pg_advisory_unlock(hashtextextended('{n}:' || $1, 0)), CASE WHEN m.w IS NOT FALSE THEN {s}.wake($1) END,
+  set_config('idle_session_timeout', '0', false) || set_config('application_name', '', false)
+FROM m`
+
+	// $1 key: sqlSessionUnlock for a hold given up without a release: the
+	// row is left to its deadline and no waiter is woken.
+	sqlSessionGiveUp = `SELECT pg_advisory_unlock(hashtextextended('{n}:' || $1, 0)),
+  set_config('idle_session_timeout', '0', false) || set_config('application_name', '', false)`
+
+	// $1 key, $2 token: the row of an attempt whose reply was lost,
+	// freed (the attempt's token is its own: no other grant carries it).
+	sqlSessionAbort = `UPDATE {s}.locks SET token = '', count = 0, expires = least(expires, now())
+  WHERE key = $1 AND token = $2`
 
 	// $1 age µs: rows that expired longer ago than that (lock rows also
 	// marked for waiters no later than that).
@@ -218,8 +274,10 @@ type statements struct {
 	sweep        string
 	guard        string
 
-	sessionLock, sessionPing, sessionUnlock string
-	sessionInspect, sessionTerminate        string
+	sessionLock                      [2]string // [holder's TTL reported]
+	sessionPing, sessionUnlock       string
+	sessionInspect, sessionTerminate string
+	sessionAbort, sessionGiveUp      string
 }
 
 func newStatements(schema string) statements {
@@ -247,11 +305,16 @@ func newStatements(schema string) statements {
 		sweep:        r.Replace(sqlSweep),
 		guard:        r.Replace(sqlGuard),
 
-		sessionLock:   r.Replace(sqlSessionLock),
+		sessionLock: [2]string{
+			r.Replace(strings.Replace(sqlSessionLock, "{remain}", "0::bigint", 1)),
+			r.Replace(strings.Replace(sqlSessionLock, "{remain}", sqlSessionRemain, 1)),
+		},
 		sessionPing:   r.Replace(sqlSessionPing),
 		sessionUnlock: r.Replace(sqlSessionUnlock),
 
 		sessionInspect:   r.Replace(sqlSessionInspect),
 		sessionTerminate: r.Replace(sqlSessionTerminate),
+		sessionAbort:     r.Replace(sqlSessionAbort),
+		sessionGiveUp:    r.Replace(sqlSessionGiveUp),
 	}
 }
