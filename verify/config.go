@@ -72,11 +72,13 @@ const (
 	// SIGSTOP for 3–5 × TTL, past the failover timeout, so it resumes
 	// believing it still leads. Needs a local server other than Redlock.
 	FaultLeaderPause = "leader-pause"
-	// FaultLeaderPartition cuts the leading node of a local etcd cluster
-	// or ZooKeeper ensemble ("etcd://local?n=3", "zk://local?n=3") off
-	// from the other members and from every client for 3–5 × TTL, then
+	// FaultLeaderPartition cuts the leading node of a local Sentinel
+	// group, etcd cluster or ZooKeeper ensemble ("redis+sentinel://local",
+	// "etcd://local?n=3", "zk://local?n=3") — the primary, the leader —
+	// off from the other nodes and from every client for 3–5 × TTL, then
 	// heals the partition. The deployment then runs with one network
-	// namespace per member (Linux, root, the ip command).
+	// namespace per data node or member (Linux, root, the ip command);
+	// the sentinels stay on loopback.
 	FaultLeaderPartition = "leader-partition"
 )
 

@@ -13,8 +13,10 @@ import (
 // Replicated deployments: a Redis Sentinel group, a Redis Cluster with
 // replicas, an etcd cluster and a ZooKeeper ensemble, started for
 // "redis+sentinel://local", "redis+cluster://local", "etcd://local?n=3" and
-// "zk://local?n=3", and the faults on their leading
-// node (FaultLeaderKill, FaultLeaderPause).
+// "zk://local?n=3", and the faults on their leading node
+// (FaultLeaderKill, FaultLeaderPause, FaultLeaderPartition; for the last
+// the Sentinel group's data nodes, or every etcd or ZooKeeper member, run
+// in network namespaces).
 
 // sentinelMaster is the master name of a local Sentinel group; the
 // workers' URL names it as its path.
@@ -38,8 +40,8 @@ func replicated(u backendURL) bool {
 // and marks u to run in network namespaces for FaultLeaderPartition.
 func checkReplicatedFault(u *backendURL, kind string) error {
 	if kind == FaultLeaderPartition {
-		if !u.local || (u.scheme != "etcd" && u.scheme != "zk") || u.nodes < 3 {
-			return invalid("fault %q needs a local etcd cluster or ZooKeeper ensemble of at least 3: use etcd://local?n=3 or zk://local?n=3", kind)
+		if !u.local || !(u.scheme == "redis+sentinel" || (u.scheme == "etcd" || u.scheme == "zk") && u.nodes >= 3) {
+			return invalid("fault %q needs a local Sentinel group, etcd cluster or ZooKeeper ensemble of at least 3: use redis+sentinel://local, etcd://local?n=3 or zk://local?n=3", kind)
 		}
 		if err := testserver.NetNSAvailable(); err != nil {
 			return invalid("fault %q: %v", kind, err)
@@ -64,17 +66,20 @@ func startReplicated(u backendURL, ttl time.Duration) (*lockServers, error) {
 	s := &lockServers{}
 	switch u.scheme {
 	case "redis+sentinel":
-		g, err := testserver.StartReplicatedSentinel(u.nodes - 1)
-		if err != nil {
-			return nil, fmt.Errorf("verify: start a Sentinel group: %w", err)
+		if u.netns {
+			g, err := testserver.StartPartitionableSentinel(u.nodes - 1)
+			if err != nil {
+				return nil, fmt.Errorf("verify: start a Sentinel group in network namespaces: %w", err)
+			}
+			useSentinel(s, g.Nodes(), g.SentinelAddrs(), g.Primary, g.Stop)
+			s.partition = cutter(g.Partition, g.Heal)
+		} else {
+			g, err := testserver.StartReplicatedSentinel(u.nodes - 1)
+			if err != nil {
+				return nil, fmt.Errorf("verify: start a Sentinel group: %w", err)
+			}
+			useSentinel(s, g.Nodes(), g.SentinelAddrs(), g.Primary, g.Stop)
 		}
-		for _, n := range g.Nodes() {
-			s.nodes = append(s.nodes, n)
-			s.nodeAddrs = append(s.nodeAddrs, n.Addr())
-		}
-		s.addrs = g.SentinelAddrs()
-		s.leader = func(ctx context.Context, _ string) (int, error) { return g.Primary(ctx) }
-		s.stopAll = g.Stop
 		// down-after-milliseconds 1000, then an election among the
 		// sentinels and the promotion: about 2 s on loopback.
 		s.failover = 3 * time.Second
@@ -154,6 +159,22 @@ func startReplicated(u backendURL, ttl time.Duration) (*lockServers, error) {
 	}
 	s.url = u.scheme + "://" + strings.Join(s.addrs, ",") + u.tail
 	return s, nil
+}
+
+// useSentinel fills s for a Sentinel group: its data nodes, the sentinels'
+// addresses (what the workers connect to), how to find the primary and how
+// to stop every process.
+func useSentinel[N interface {
+	serverNode
+	Addr() string
+}](s *lockServers, nodes []N, sentinels []string, primary func(context.Context) (int, error), stop func() error) {
+	for _, n := range nodes {
+		s.nodes = append(s.nodes, n)
+		s.nodeAddrs = append(s.nodeAddrs, n.Addr())
+	}
+	s.addrs = sentinels
+	s.leader = func(ctx context.Context, _ string) (int, error) { return primary(ctx) }
+	s.stopAll = stop
 }
 
 // cutter joins a Partition and a Heal method into lockServers.partition.

@@ -1,6 +1,7 @@
 package verify_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/url"
@@ -12,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/testserver"
 	"github.com/dlock-go/dlock/redislock"
 	"github.com/dlock-go/dlock/verify"
 )
@@ -20,7 +22,14 @@ import (
 // "redis+sentinel://h1,h2,h3/MASTER[?replicas=N]" or on a Redis Cluster
 // from "redis+cluster://h1,h2,...[?replicas=N]"; replicas=N acquires with
 // redislock.WithReplicas(N, 100ms).
+//
+// "weaken=MODE" runs it weakened (verify.WithWeakening).
 func openReplicated(raw string) (dlock.Backend, func() error, error) {
+	if strings.Contains(raw, verify.WeakenParam+"=") {
+		return verify.WithWeakening(func(_ context.Context, url string, _ time.Duration) (dlock.Backend, func() error, error) {
+			return openReplicated(url)
+		})(context.Background(), raw, 0)
+	}
 	scheme, rest, _ := strings.Cut(raw, "://")
 	rest, query, _ := strings.Cut(rest, "?")
 	hosts, master, _ := strings.Cut(rest, "/")
@@ -101,6 +110,78 @@ func TestLeaderKillCluster(t *testing.T) {
 	checkReplicatedRun(t, run, verify.FaultLeaderKill)
 }
 
+// Cutting the Sentinel primary off from its replicas, the sentinels and
+// every worker (its data nodes in network namespaces) fails the group
+// over; the partition then heals. The fenced register accepts no stale
+// write and every worker acquires again afterwards.
+func TestLeaderPartitionSentinel(t *testing.T) {
+	if err := testserver.NetNSAvailable(); err != nil {
+		t.Skip(err)
+	}
+	run := runOne(t, sentinelConfig(t, "redis+sentinel://local", verify.FaultLeaderPartition))
+	checkReplicatedRun(t, run, verify.FaultLeaderPartition)
+}
+
+// The positive control: on a Sentinel group whose lock forgets every
+// grant at once (verify.WeakenForget), under primary kills, the checker
+// must flag the run — lease overlaps, verdict FAIL — while the fenced
+// register still accepts no stale write.
+func TestWeakenedSentinelFlagged(t *testing.T) {
+	cfg := sentinelConfig(t, "redis+sentinel://local?"+verify.WeakenParam+"="+verify.WeakenForget, verify.FaultLeaderKill)
+	cfg.Name = "sentinel-weakened"
+	run := runOne(t, cfg)
+	checkWeakenedRun(t, run)
+}
+
+// With the fenced register's check turned off as well
+// (verify.WeakenNoFenceCheck), the checker must also count stale writes
+// accepted by the fenced register.
+func TestWeakenedNoFenceCheckFlagged(t *testing.T) {
+	cfg := sentinelConfig(t, "redis+sentinel://local?"+verify.WeakenParam+"="+verify.WeakenNoFenceCheck, verify.FaultLeaderKill)
+	cfg.Name = "sentinel-no-fence-check"
+	run := runOne(t, cfg)
+	f := run.Findings
+	if len(f.LeaseOverlaps) == 0 {
+		t.Errorf("got no lease overlap on a lock that forgets its grants, want at least one (%d grants)", f.Grants)
+	}
+	if f.Fenced == nil || f.Fenced.StaleAccepted == 0 {
+		t.Errorf("fenced register without its check: got no stale write accepted, want at least one (%+v)", f.Fenced)
+	}
+	if got := run.Verdict(); got != "FAIL" {
+		t.Errorf("got verdict %s, want FAIL", got)
+	}
+}
+
+// checkWeakenedRun asserts that the checker flagged a weakened run: lease
+// overlaps and the verdict FAIL; the fenced register, whose fences come
+// from the deployment, still accepts no stale write.
+func checkWeakenedRun(t *testing.T, run *verify.RunResult) {
+	t.Helper()
+	f := run.Findings
+	if len(f.LeaseOverlaps) == 0 {
+		t.Errorf("got no lease overlap on a lock that forgets its grants, want at least one (%d grants)", f.Grants)
+	}
+	if got := run.Verdict(); got != "FAIL" {
+		t.Errorf("got verdict %s, want FAIL (violations: %q)", got, f.Violations())
+	}
+	if f.Fenced != nil && f.Fenced.StaleAccepted != 0 {
+		t.Errorf("fenced register: got %d stale writes accepted, want 0", f.Fenced.StaleAccepted)
+	}
+	t.Logf("lease overlaps %d, fenced stale rejected %d, naive stale accepted %d, naive lost %d",
+		len(f.LeaseOverlaps), f.Fenced.WritesStale, f.Naive.StaleAccepted, f.Naive.LostUpdates)
+}
+
+// An unknown weakening is refused before anything starts.
+func TestWeakenBadInput(t *testing.T) {
+	o := verify.WithWeakening(func(context.Context, string, time.Duration) (dlock.Backend, func() error, error) {
+		t.Error("the wrapped OpenFunc was called for an unknown weakening")
+		return nil, nil, nil
+	})
+	if _, _, err := o(t.Context(), "redis://127.0.0.1:1?weaken=nothing", time.Second); !errors.Is(err, verify.ErrInvalidConfig) {
+		t.Errorf("got %v, want an error matching ErrInvalidConfig", err)
+	}
+}
+
 // checkReplicatedRun asserts what a leader fault must leave intact: the
 // fault had its effect at least once, the fenced register accepted no
 // stale write, and every worker acquired in the quiet phase. Lease
@@ -138,7 +219,7 @@ func TestReplicatedBadInput(t *testing.T) {
 		{"redis+sentinel://local", verify.FaultProxy},
 		{"redis+sentinel://local?n=1", verify.FaultLeaderPause},
 		{"redis://127.0.0.1:6379", verify.FaultLeaderPause},
-		{"redis+sentinel://local", verify.FaultLeaderPartition},
+		{"redis+cluster://local", verify.FaultLeaderPartition},
 		{"etcd://local", verify.FaultLeaderPartition},
 	}
 	for _, tt := range tests {

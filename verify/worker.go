@@ -150,6 +150,8 @@ func runWorker(ctx context.Context, spec workerSpec, open OpenFunc, shared *dloc
 		notify: notify,
 		fenced: spec.Mode == ModeFenced || spec.Mode == ModeBoth,
 		naive:  spec.Mode == ModeNaive || spec.Mode == ModeBoth,
+		// The weakening travels in the backend URL (WithWeakening).
+		fenceOff: fenceCheckOff(spec.Backend),
 	}
 	w.obs = observer{w}
 	w.opts = []dlock.Option{dlock.WithObserver(w.obs)}
@@ -189,6 +191,7 @@ type worker struct {
 	obs           observer
 	opts          []dlock.Option // of every Acquire
 	fenced, naive bool
+	fenceOff      bool       // the fenced register's check is off (WeakenNoFenceCheck)
 	kind          *kindState // the primitive of a kind other than KindLock
 }
 
@@ -302,7 +305,11 @@ func (w *worker) read(ctx context.Context, l *dlock.Lease, phase string) readVal
 	if w.fenced {
 		r := w.begin(OpRead, ResourceFenced, f, owner, phase)
 		rctx, cancel := context.WithTimeout(ctx, opTimeout)
-		x, stale, err := w.res.fencedRead(rctx, f, owner)
+		read := w.res.fencedRead
+		if w.fenceOff {
+			read = w.res.uncheckedRead
+		}
+		x, stale, err := read(rctx, f, owner)
 		cancel()
 		switch {
 		case err != nil:
@@ -351,7 +358,11 @@ func (w *worker) write(ctx context.Context, l *dlock.Lease, phase string, v read
 		wr := w.begin(OpWrite, ResourceFenced, f, owner, phase)
 		wr.Value = v.fenced + 1
 		wctx, cancel := context.WithTimeout(ctx, opTimeout)
-		err := w.res.fencedWrite(wctx, v.fenced+1, f, owner)
+		write := w.res.fencedWrite
+		if w.fenceOff {
+			write = w.res.uncheckedWrite
+		}
+		err := write(wctx, v.fenced+1, f, owner)
 		var stale *fence.StaleError
 		switch {
 		case errors.As(err, &stale):

@@ -21,7 +21,7 @@ import (
 // ZooKeeper sessions are opened with it: a longer session would keep a
 // paused or killed holder's lock past the TTL the faults are scaled to.
 func openURL(timeout time.Duration) verify.OpenFunc {
-	return func(ctx context.Context, url string, ttl time.Duration) (dlock.Backend, func() error, error) {
+	return verify.WithWeakening(func(ctx context.Context, url string, ttl time.Duration) (dlock.Backend, func() error, error) {
 		url, replicas, err := cutReplicas(url)
 		if err != nil {
 			return nil, nil, err
@@ -38,7 +38,7 @@ func openURL(timeout time.Duration) verify.OpenFunc {
 			return nil, nil, err
 		}
 		return c.backend, c.Close, nil
-	}
+	})
 }
 
 // replicasParam is the query parameter of a Redis backend URL given to
@@ -113,10 +113,15 @@ server-pause and proxy faults need that.
 Replicated deployments: redis+sentinel://local (a primary, two replicas, three sentinels;
 "?n=2" for one replica), redis+cluster://local (3 primaries × 1 replica), etcd://local?n=3 and
 zk://local?n=3 (a cluster and an ensemble of 3). The leader-kill and leader-pause faults hit the
-current primary (of the lock's slot) or leader; leader-partition (etcd, zk; Linux, root) cuts the
-leader off from the other members and the workers, each member in its own network namespace,
-and heals it. "?replicas=N" on a Redis URL makes the workers acquire with
-redislock.WithReplicas(N, TTL/4).
+current primary (of the lock's slot) or leader; leader-partition (Sentinel, etcd, zk; Linux,
+root) cuts the primary or leader off from the other nodes and the workers, each data node or
+member in its own network namespace, and heals it. "?replicas=N" on a Redis URL makes the
+workers acquire with redislock.WithReplicas(N, TTL/4).
+
+Positive controls: "?weaken=forget" runs the workers on a lock that releases every grant on the
+server at once (the run must fail with lease overlaps), "?weaken=same-fence" also gives every
+grant fence 1 (fence regressions), "?weaken=no-fence-check" also turns the fenced register's
+check off (stale writes accepted), on any backend URL.
 
 --fifo makes every worker acquire with dlock.WithFIFO(): redislock then queues waiters on the
 server and a release hands the lock to the next one; etcd and ZooKeeper always queue; redlock has

@@ -51,11 +51,12 @@
 // deployment can fail over (replicas in sync, sentinels agreeing on a
 // quorum, a leader elected) and names its current primary or leader, so a
 // test can kill or pause that one. [StartPartitionableEtcdCluster] and
-// [StartPartitionableZooKeeperEnsemble] run each member in its own network
-// namespace behind a bridge, so a member can be cut off from the others and
-// from every client and reconnected (Partition, Heal); they need Linux,
-// root and the ip command, and fail with an error matching [ErrNoNetNS]
-// otherwise.
+// [StartPartitionableZooKeeperEnsemble] run each member, and
+// [StartPartitionableSentinel] each data node (its sentinels stay on
+// loopback), in its own network namespace behind a bridge, so a member can
+// be cut off from the others and from every client and reconnected
+// (Partition, Heal); they need Linux, root and the ip command, and fail
+// with an error matching [ErrNoNetNS] otherwise.
 //
 // # Ports
 //

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
-	"path/filepath"
 	"strconv"
 	"sync"
 	"time"
@@ -93,31 +91,10 @@ func (s *Sentinel) replicaInSync() error {
 	return nil
 }
 
+// startSentinelNode starts a sentinel on loopback monitoring the primary
+// at 127.0.0.1:primaryPort.
 func startSentinelNode(primaryPort int) (*Redis, error) {
-	return startRedis(redisSpec{
-		kind:    "sentinel",
-		timeout: DefaultStartTimeout,
-		args: func(dir string, port, _ int) ([]string, error) {
-			// Sentinel rewrites its config file, so it lives in dir and is
-			// reused (with the sentinel's state) by Restart.
-			conf := fmt.Sprintf(`port %d
-bind 127.0.0.1
-dir %q
-daemonize no
-logfile ""
-sentinel monitor %s 127.0.0.1 %d 2
-sentinel down-after-milliseconds %s 1000
-sentinel failover-timeout %s 3000
-sentinel parallel-syncs %s 1
-`, port, dir, SentinelMasterName, primaryPort,
-				SentinelMasterName, SentinelMasterName, SentinelMasterName)
-			path := filepath.Join(dir, "sentinel.conf")
-			if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
-				return nil, fmt.Errorf("testserver: %w", err)
-			}
-			return []string{path, "--sentinel"}, nil
-		},
-	})
+	return startSentinelFor("127.0.0.1", primaryPort)
 }
 
 // sentinelSettled reports whether sn knows a replica and enough sentinels to

@@ -202,3 +202,50 @@ func TestReplicatedClusterFailover(t *testing.T) {
 		return nil
 	})
 }
+
+// A partitionable Sentinel deployment: cutting the primary off makes the
+// sentinels promote a replica, which takes writes; healing lets the old
+// primary answer again.
+func TestPartitionableSentinel(t *testing.T) {
+	if err := testserver.NetNSAvailable(); err != nil {
+		t.Skip(err)
+	}
+	s, err := testserver.StartPartitionableSentinel(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := s.Stop(); err != nil {
+			t.Error(err)
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	p, err := s.Primary(ctx)
+	if err != nil || p != 0 {
+		t.Fatalf("Primary: got %d, %v, want 0, nil", p, err)
+	}
+	if err := s.Partition(0); err != nil {
+		t.Fatal(err)
+	}
+	within(t, 30*time.Second, "a new primary", func() error {
+		p, err = s.Primary(ctx)
+		if err != nil {
+			return err
+		}
+		if p == 0 {
+			return fmt.Errorf("primary is still %s", s.Nodes()[0].Addr())
+		}
+		return nil
+	})
+	if v, err := s.Nodes()[p].Do(ctx, "SET", "k", "v"); err != nil || v != "OK" {
+		t.Errorf("SET on the new primary: got %v, %v, want OK", v, err)
+	}
+	if err := s.Heal(0); err != nil {
+		t.Fatal(err)
+	}
+	within(t, 30*time.Second, "the healed node to answer", func() error {
+		_, err := s.Nodes()[0].Do(ctx, "PING")
+		return err
+	})
+}
