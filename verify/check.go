@@ -190,12 +190,12 @@ func Check(evs []Event, opts CheckOptions) (*Findings, error) {
 		}
 	}
 
-	f.Faults = faultFindings(evs, leases, opts.TTL)
+	f.Faults = faultFindings(evs, leases, opts.TTL, f.Hold)
 	for _, w := range f.Faults {
 		if !w.Injected || !w.Effective {
 			continue
 		}
-		if d, ok := nextGrant(leases, w.StartNs, w.Owner); ok {
+		if d, ok := nextGrant(leases, w.StartNs, w.Owner, f.Hold); ok {
 			f.Liveness = append(f.Liveness, d)
 		} else {
 			f.LivenessMissing++
@@ -394,7 +394,10 @@ func resourceFindings(evs []Event, name string) *ResourceFindings {
 }
 
 // faultFindings judges every fault window of the injector.
-func faultFindings(evs []Event, leases []*lease, ttl time.Duration) []FaultFinding {
+// For a kind other than the lock (h not nil), a pause has its effect only
+// when the grants made while the holder was stopped show that the server
+// let its hold go (takenFrom).
+func faultFindings(evs []Event, leases []*lease, ttl time.Duration, h *HoldFindings) []FaultFinding {
 	var out []FaultFinding
 	for _, e := range evs {
 		if !slices.Contains(faultNames, e.Op) || e.Op == FaultNone {
@@ -419,12 +422,9 @@ func faultFindings(evs []Event, leases []*lease, ttl time.Duration) []FaultFindi
 				w.Why = "the holder had begun its release before it was stopped"
 				break
 			}
-			for _, l := range leases {
-				if l.Owner != w.Owner && l.GrantedNs > w.StartNs && l.GrantedNs <= w.EndNs {
-					w.Effective = true
-					w.Why = fmt.Sprintf("%s took the lock (fence %d) while the holder was stopped", l.Proc, l.Fence)
-					break
-				}
+			if l := takenFrom(leases, h, w.Owner, w.StartNs, w.EndNs); l != nil {
+				w.Effective = true
+				w.Why = fmt.Sprintf("%s took the lock (fence %d) while the holder was stopped", l.Proc, l.Fence)
 			}
 			if !w.Effective {
 				w.Why = "nobody took the lock while the holder was stopped"
@@ -569,11 +569,9 @@ func slowOps(evs []Event, w FaultFinding, delay time.Duration) (bool, string) {
 
 // nextGrant returns the time from start to the first grant to an owner
 // other than holder completing after start.
-func nextGrant(leases []*lease, start int64, holder string) (time.Duration, bool) {
-	for _, l := range leases { // by GrantedNs
-		if l.GrantedNs > start && l.Owner != holder {
-			return time.Duration(l.GrantedNs - start), true
-		}
+func nextGrant(leases []*lease, start int64, holder string, h *HoldFindings) (time.Duration, bool) {
+	if l := takenFrom(leases, h, holder, start, math.MaxInt64); l != nil {
+		return time.Duration(l.GrantedNs - start), true
 	}
 	return 0, false
 }

@@ -64,6 +64,12 @@
 // the concurrent holders' superseded claims, as it should, and the naive
 // one is damaged by design. Belief overlap counts conflicting critical
 // sections (for permits, those begun while N others were under way).
+// Under a kind, a pause has its effect, and a fault's liveness interval
+// ends, only with a grant showing that the server let the victim's hold
+// go: a permit granted while N−1 permits of other owners were certainly
+// live (N others at once: taking the free permit proves nothing), a write
+// hold when the victim was a reader (any hold when it was a writer), any
+// leadership.
 //
 // # Faults
 //
@@ -89,12 +95,28 @@
 // lock only it had is lost, and a returning former primary may serve as a
 // second primary until it is demoted: the lease overlaps this causes are
 // what the fault measures. leader-partition runs every etcd or ZooKeeper
-// member in its own network namespace behind a bridge and takes the
-// leader's link down for the same time, cutting it off from the other
-// members and from every worker, then heals the partition. The proxy
+// member, or every data node of a Sentinel group (the sentinels stay on
+// loopback), in its own network namespace behind a bridge and takes the
+// leader's or primary's link down for the same time, cutting it off from
+// the other nodes, the sentinels and every worker, then heals the
+// partition. The proxy
 // fault on a cluster puts one proxy in front of every member, which cuts
 // the workers off some members (a partition between clients and servers
 // that heals); members keep talking to each other.
+//
+// # Positive controls
+//
+// A harness that never reports a violation proves nothing until it is
+// shown one. The backend URL parameter "weaken" (WeakenParam, understood
+// by an OpenFunc wrapped with WithWeakening, as the dlock command's is)
+// runs the same workers on a deliberately broken lock over the same
+// deployment and faults: "forget" releases every grant on the server as
+// soon as it is made while the Client believes it holds the lock, so the
+// run must FAIL with lease overlaps; "same-fence" also reports fence 1 for
+// every grant, so it must FAIL with fence regressions too; and
+// "no-fence-check" also turns the fenced register's check off (the
+// workers read and write it without comparing fences), so it must FAIL
+// with stale writes accepted by the fenced register.
 //
 // # Checks
 //

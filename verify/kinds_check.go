@@ -268,3 +268,47 @@ const kindLegend = `- [permits:N], [rw], [election]: workers took one permit of 
   holds), read holds overlapping a write hold or two write holds, or overlapping leaderships; fence
   regressions the writers', leaders' and permits' fences; the registers' columns are the writers'.
 `
+
+// takenFrom returns the first grant after from and not after until that
+// shows the server had let holder's hold go, or nil. For the lock (h nil)
+// and elections that is any grant to another owner; for a read-write lock,
+// a write hold, or any hold when holder's was a write hold; for permits:N,
+// a permit granted while N−1 permits of owners other than holder were
+// certainly live, so that N others held at once.
+func takenFrom(leases []*lease, h *HoldFindings, holder string, from, until int64) *lease {
+	var victim *lease
+	if h != nil && h.Kind == KindRW {
+		victim = ownerLease(leases, holder, from)
+	}
+	var active []*lease
+	for _, l := range leases { // by GrantedNs
+		if l.GrantedNs > until {
+			break
+		}
+		if l.Owner == holder {
+			continue
+		}
+		active = slices.DeleteFunc(active, func(a *lease) bool { return a.LiveNs <= l.GrantedNs })
+		if l.LiveNs > l.GrantedNs {
+			active = append(active, l)
+		}
+		if l.GrantedNs <= from {
+			continue
+		}
+		switch {
+		case h == nil || h.Kind == KindElection:
+			return l
+		case h.Kind == KindRW:
+			if l.hold == HoldWrite || victim == nil || victim.hold == HoldWrite {
+				return l
+			}
+		case h.Permits > 0:
+			if len(active) >= h.Permits {
+				return l
+			}
+		default:
+			return l
+		}
+	}
+	return nil
+}

@@ -143,3 +143,60 @@ func TestCheckKinds(t *testing.T) {
 		}
 	})
 }
+
+// A pause of a holder of a kind counts only when the grants during the
+// stop show that the server let its hold go: for permits:2, two other
+// permits at once, not one (the other permit was free); for a read hold, a
+// write hold, not another read hold.
+func TestKindPauseTaken(t *testing.T) {
+	pause := func(owner string, start, end int64) verify.Event {
+		return verify.Event{Proc: "nemesis", Op: verify.FaultPause, Target: "w1.1", Owner: owner, InvokeNs: start * ms, CompleteNs: end * ms, Outcome: verify.OutcomeOK}
+	}
+	effective := func(f *verify.Findings) bool {
+		for _, w := range f.Faults {
+			if w.Kind == verify.FaultPause {
+				return w.Effective
+			}
+		}
+		return false
+	}
+	t.Run("permits-one-other", func(t *testing.T) {
+		f := check(t, []verify.Event{
+			hold(verify.HoldPermit, "w1.1", "a", 1, 0, 10, 200, 2),
+			pause("a", 20, 400),
+			hold(verify.HoldPermit, "w2.1", "b", 2, 30, 40, 300, 2), // the free permit
+		}, verify.FaultPause)
+		if effective(f) {
+			t.Errorf("pause counted as effective with one other permit granted: %+v", f.Faults)
+		}
+	})
+	t.Run("permits-two-others", func(t *testing.T) {
+		f := check(t, []verify.Event{
+			hold(verify.HoldPermit, "w1.1", "a", 1, 0, 10, 200, 2),
+			pause("a", 20, 400),
+			hold(verify.HoldPermit, "w2.1", "b", 2, 30, 40, 390, 2),
+			hold(verify.HoldPermit, "w3.1", "c", 3, 250, 260, 390, 2), // a's permit went to c
+		}, verify.FaultPause)
+		if !effective(f) || len(f.Liveness) != 1 || f.Liveness[0] != 240*time.Millisecond {
+			t.Errorf("got faults %+v, liveness %v; want effective, 240ms", f.Faults, f.Liveness)
+		}
+	})
+	t.Run("reader", func(t *testing.T) {
+		f := check(t, []verify.Event{
+			hold(verify.HoldRead, "w1.1", "a", 1, 0, 10, 200, 0),
+			pause("a", 20, 400),
+			hold(verify.HoldRead, "w2.1", "b", 2, 30, 40, 300, 0), // readers share
+		}, verify.FaultPause)
+		if effective(f) {
+			t.Errorf("pause of a reader counted as effective with a read hold granted: %+v", f.Faults)
+		}
+		f = check(t, []verify.Event{
+			hold(verify.HoldRead, "w1.1", "a", 1, 0, 10, 200, 0),
+			pause("a", 20, 400),
+			hold(verify.HoldWrite, "w2.1", "b", 2, 250, 260, 390, 0),
+		}, verify.FaultPause)
+		if !effective(f) {
+			t.Errorf("pause of a reader not effective although a writer took the key: %+v", f.Faults)
+		}
+	})
+}
