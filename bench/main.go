@@ -27,6 +27,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -135,7 +136,11 @@ func run1(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("unknown scenario %q (known: S1…S6, K1…K3)", id)
 	}
 
+	// Quick runs measure subjects in parallel: one line at a time.
+	var logMu sync.Mutex
 	logf := func(format string, args ...any) {
+		logMu.Lock()
+		defer logMu.Unlock()
 		fmt.Fprintf(stderr, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
 	}
 	// go-redis logs every failed dial; S6 kills nodes on purpose.
@@ -158,7 +163,11 @@ func run1(args []string, stdout, stderr io.Writer) error {
 
 // write writes the report (and its charts and results.json) as o says.
 func write(r *report, o options, stdout, stderr io.Writer) error {
+	// Quick runs measure subjects in parallel: one line at a time.
+	var logMu sync.Mutex
 	logf := func(format string, args ...any) {
+		logMu.Lock()
+		defer logMu.Unlock()
 		fmt.Fprintf(stderr, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
 	}
 	if o.out != "" {
