@@ -64,7 +64,14 @@ func (s *suite) fifoOrder(t *testing.T) {
 			order <- i
 			errs <- l.Release(context.Background())
 		}()
-		waitFor(t, s.long(), func() bool { return waiting() == i+1 }, fmt.Sprintf("waiter %d queued", i))
+		waitFor(t, s.long(), func() bool {
+			select {
+			case err := <-errs: // no waiter may end before the holder releases
+				t.Fatalf("a waiter ended while waiter %d was queueing: %v", i, err)
+			default:
+			}
+			return waiting() == i+1
+		}, fmt.Sprintf("waiter %d queued", i))
 	}
 	left := waiters
 	for i := range waiters {
