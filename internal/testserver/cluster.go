@@ -100,11 +100,7 @@ func clusterNodeOK(n *Redis, size int) error {
 // Addrs returns the nodes' addresses ("127.0.0.1:PORT"), as go-redis'
 // ClusterOptions.Addrs wants them.
 func (c *Cluster) Addrs() []string {
-	addrs := make([]string, len(c.nodes))
-	for i, n := range c.nodes {
-		addrs[i] = n.Addr()
-	}
-	return addrs
+	return addrsOf(c.nodes)
 }
 
 // Nodes returns the three nodes, in slot order.

@@ -286,3 +286,12 @@ func poll(timeout time.Duration, check func() error) error {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// addrsOf returns the addresses of ns, in order.
+func addrsOf[N interface{ Addr() string }](ns []N) []string {
+	addrs := make([]string, len(ns))
+	for i, n := range ns {
+		addrs[i] = n.Addr()
+	}
+	return addrs
+}

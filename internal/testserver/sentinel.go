@@ -121,11 +121,7 @@ func (s *Sentinel) MasterName() string { return SentinelMasterName }
 // SentinelAddrs returns the sentinels' addresses ("127.0.0.1:PORT"), as
 // go-redis' FailoverOptions.SentinelAddrs wants them.
 func (s *Sentinel) SentinelAddrs() []string {
-	addrs := make([]string, len(s.sentinels))
-	for i, sn := range s.sentinels {
-		addrs[i] = sn.Addr()
-	}
-	return addrs
+	return addrsOf(s.sentinels)
 }
 
 // Sentinels returns the three sentinel processes (to kill or pause them).
@@ -169,4 +165,20 @@ func (s *Sentinel) Stop() error {
 		return nil
 	}
 	return StopAll(append([]*Redis{s.primary, s.replica}, s.sentinels...)...)
+}
+
+// primaryIndex asks sentinels for the current primary (SENTINEL
+// get-master-addr-by-name, first answer wins) and returns its index in
+// nodes. ctx bounds the call.
+func primaryIndex[N interface{ Addr() string }](ctx context.Context, sentinels []*Redis, nodes []N) (int, error) {
+	addr, err := (&Sentinel{sentinels: sentinels}).MasterAddr(ctx)
+	if err != nil {
+		return -1, err
+	}
+	for i, n := range nodes {
+		if n.Addr() == addr {
+			return i, nil
+		}
+	}
+	return -1, fmt.Errorf("testserver: sentinels name %s, which is not a data node", addr)
 }

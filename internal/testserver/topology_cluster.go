@@ -98,11 +98,7 @@ func (c *ReplicatedCluster) start() error {
 // Addrs returns every node's address ("127.0.0.1:PORT"), as go-redis'
 // ClusterOptions.Addrs wants them.
 func (c *ReplicatedCluster) Addrs() []string {
-	addrs := make([]string, len(c.nodes))
-	for i, n := range c.nodes {
-		addrs[i] = n.Addr()
-	}
-	return addrs
+	return addrsOf(c.nodes)
 }
 
 // Nodes returns every node: the primaries as started first, then their

@@ -118,11 +118,7 @@ func (s *ReplicatedSentinel) MasterName() string { return SentinelMasterName }
 // SentinelAddrs returns the sentinels' addresses ("127.0.0.1:PORT"), as
 // go-redis' FailoverOptions.SentinelAddrs wants them.
 func (s *ReplicatedSentinel) SentinelAddrs() []string {
-	addrs := make([]string, len(s.sentinels))
-	for i, sn := range s.sentinels {
-		addrs[i] = sn.Addr()
-	}
-	return addrs
+	return addrsOf(s.sentinels)
 }
 
 // Nodes returns the data nodes, the one started as the primary first. After
@@ -137,16 +133,7 @@ func (s *ReplicatedSentinel) Sentinels() []*Redis { return append([]*Redis(nil),
 // Nodes. ctx bounds the call. During a failover the sentinels may still
 // name the old primary.
 func (s *ReplicatedSentinel) Primary(ctx context.Context) (int, error) {
-	addr, err := (&Sentinel{sentinels: s.sentinels}).MasterAddr(ctx)
-	if err != nil {
-		return -1, err
-	}
-	for i, n := range s.nodes {
-		if n.Addr() == addr {
-			return i, nil
-		}
-	}
-	return -1, fmt.Errorf("testserver: sentinels name %s, which is not a data node", addr)
+	return primaryIndex(ctx, s.sentinels, s.nodes)
 }
 
 // Stop stops every process concurrently (see [Redis.Stop]) and removes

@@ -176,11 +176,7 @@ func (e *ZooKeeperEnsemble) Servers() []*ZooKeeper { return append([]*ZooKeeper(
 
 // Addrs returns every member's client address ("127.0.0.1:PORT").
 func (e *ZooKeeperEnsemble) Addrs() []string {
-	addrs := make([]string, len(e.servers))
-	for i, z := range e.servers {
-		addrs[i] = z.Addr()
-	}
-	return addrs
+	return addrsOf(e.servers)
 }
 
 // Leader returns the index in Servers of the member whose "srvr" command
