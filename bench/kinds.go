@@ -11,6 +11,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"go.etcd.io/etcd/client/v3/concurrency"
+
+	"github.com/dlock-go/dlock/internal/fencedfloor"
 )
 
 // K1–K3 measure what dlock offers beyond the mutex: a semaphore's permit
@@ -220,19 +222,7 @@ func kindErr(err error) error {
 
 // ---- the floor: the raw sorted-set semaphore ----
 
-// rawSemAcquire is the classic sorted-set semaphore without leases or
-// fences: drop the expired members, add the token if fewer than N remain.
-var rawSemAcquire = redis.NewScript(`local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then
-  return 0
-end
-redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-return 1`)
-
-// rawSemLocker takes a permit with one EVALSHA of rawSemAcquire per
+// rawSemLocker takes a permit with one EVALSHA of fencedfloor.RawSemaphore per
 // attempt (2 ms between attempts) and gives it back with a ZREM. No
 // renewal, no fence.
 type rawSemLocker struct {
@@ -245,7 +235,7 @@ func (r *rawSemLocker) lock(ctx context.Context, key string) (held, error) {
 	key = "rawsem:" + key
 	token := rand.Text()
 	return poll(ctx, r.poll, func() (held, error) {
-		n, err := rawSemAcquire.Run(ctx, r.rdb, []string{key}, token, r.permits, r.ttl.Milliseconds()).Int()
+		n, err := fencedfloor.RawSemaphore.Run(ctx, r.rdb, []string{key}, token, r.permits, r.ttl.Milliseconds()).Int()
 		if err != nil || n != 1 {
 			return nil, err
 		}

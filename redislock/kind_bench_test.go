@@ -6,9 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/fencedfloor"
 	"github.com/dlock-go/dlock/redislock"
 )
 
@@ -16,33 +15,20 @@ import (
 //
 //	go test -run '^$' -bench 'Permit|Read|RawSemaphore' -count 6 ./redislock/
 
-// rawSemAcquire is the classic sorted-set semaphore without fences: drop
-// the expired members, add the token if fewer than N remain. It is the
-// floor a leased semaphore on Redis builds on.
-var rawSemAcquire = redis.NewScript(`local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then
-  return 0
-end
-redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-return 1`)
-
-// BenchmarkRawSemaphore is the baseline: rawSemAcquire and a ZREM, with
+// BenchmarkRawSemaphore is the baseline: fencedfloor.RawSemaphore and a ZREM, with
 // a fresh random token per permit: two round trips.
 func BenchmarkRawSemaphore(b *testing.B) {
 	rdb := newRDB(b, srv.Addr())
 	ctx := context.Background()
 	keys := []string{key(b)}
-	if err := rawSemAcquire.Load(ctx, rdb).Err(); err != nil {
+	if err := fencedfloor.RawSemaphore.Load(ctx, rdb).Err(); err != nil {
 		b.Fatal(err)
 	}
 	b.ReportAllocs()
 	cost := startCost(b)
 	for b.Loop() {
 		token := rand.Text()
-		if n, err := rawSemAcquire.Run(ctx, rdb, keys, token, 3, 30000).Int(); err != nil || n != 1 {
+		if n, err := fencedfloor.RawSemaphore.Run(ctx, rdb, keys, token, 3, 30000).Int(); err != nil || n != 1 {
 			b.Fatalf("acquire: %d, %v", n, err)
 		}
 		if n, err := rdb.ZRem(ctx, keys[0], token).Result(); err != nil || n != 1 {
@@ -132,7 +118,7 @@ func BenchmarkPermitInterleaved(b *testing.B) {
 	k := key(b)
 	sem := c.Semaphore(k, 3)
 	rawKeys := []string{k + ":raw"}
-	if err := rawSemAcquire.Load(ctx, rdb).Err(); err != nil {
+	if err := fencedfloor.RawSemaphore.Load(ctx, rdb).Err(); err != nil {
 		b.Fatal(err)
 	}
 	ops := [3]func(){
@@ -158,7 +144,7 @@ func BenchmarkPermitInterleaved(b *testing.B) {
 		},
 		func() {
 			token := rand.Text()
-			if n, err := rawSemAcquire.Run(ctx, rdb, rawKeys, token, 3, 30000).Int(); err != nil || n != 1 {
+			if n, err := fencedfloor.RawSemaphore.Run(ctx, rdb, rawKeys, token, 3, 30000).Int(); err != nil || n != 1 {
 				b.Fatalf("acquire: %d, %v", n, err)
 			}
 			if n, err := rdb.ZRem(ctx, rawKeys[0], token).Result(); err != nil || n != 1 {

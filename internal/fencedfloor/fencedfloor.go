@@ -12,6 +12,10 @@
 // (redislock's BenchmarkFenceCost): a string lock taken with SET NX PX,
 // then max(counter+1, server TIME in µs) from a companion counter key
 // (TIME and SET ... GET): three redis.calls.
+//
+// RawSemaphore is the floor of a semaphore: the classic sorted-set
+// semaphore without leases or fences, used by redislock's permit
+// benchmarks and the bench module's K1.
 package fencedfloor
 
 import "github.com/redis/go-redis/v9"
@@ -52,4 +56,17 @@ if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return {0, 
 	Release = redis.NewScript(`
 if redis.call('GET', KEYS[1]) == ARGV[2] .. ':1::0:' .. ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0`)
+	// RawSemaphore takes a permit of the sorted-set semaphore KEYS[1] of
+	// ARGV[2] permits for token ARGV[1] with TTL ARGV[3] ms: it drops the
+	// expired members and adds the token if fewer than ARGV[2] remain. It
+	// returns 1 when granted, 0 when full. Give the permit back with ZREM.
+	RawSemaphore = redis.NewScript(`local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then
+  return 0
+end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return 1`)
 )
