@@ -283,26 +283,7 @@ func leaseOverlaps(leases []*lease) []Overlap {
 // every grant that completed before they were invoked (an equal fence
 // from the same owner is a reentrant grant and allowed).
 func fenceRegressions(leases []*lease) []Regression {
-	byInvoke := slices.Clone(leases)
-	sort.SliceStable(byInvoke, func(i, j int) bool { return byInvoke[i].invoke < byInvoke[j].invoke })
-	var out []Regression
-	var best *lease
-	i := 0
-	for _, g := range byInvoke {
-		for i < len(leases) && leases[i].GrantedNs < g.invoke {
-			if best == nil || leases[i].Fence > best.Fence {
-				best = leases[i]
-			}
-			i++
-		}
-		if best == nil {
-			continue
-		}
-		if g.Fence < best.Fence || (g.Fence == best.Fence && g.Owner != best.Owner) {
-			out = append(out, Regression{Earlier: best.LeaseRef, Later: g.LeaseRef})
-		}
-	}
-	return out
+	return holdRegressions(leases, func(*lease) bool { return true })
 }
 
 // beliefOverlaps counts critical sections, and those that overlap another
