@@ -30,6 +30,11 @@ var (
 	// also match ErrLost.
 	ErrMaxHold = errors.New("dlock: lease reached its maximum hold time")
 
+	// ErrMinHold reports a lease released within its minimum hold
+	// (WithMinHold) whose lock the server could not be made to keep until
+	// the hold's end: it is freed at its current expiry, earlier.
+	ErrMinHold = errors.New("dlock: lock not kept for its minimum hold")
+
 	// ErrReleased reports an operation on a lease that was already released.
 	ErrReleased = errors.New("dlock: lease already released")
 

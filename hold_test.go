@@ -3,6 +3,7 @@ package dlock_test
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -40,6 +41,76 @@ func TestMinHold(t *testing.T) {
 					t.Fatalf("900ms into a 1s minimum hold: got %v, want ErrNotAcquired", err)
 				}
 				time.Sleep(200 * time.Millisecond)
+				synctest.Wait()
+				l2, err := other.TryAcquire(ctx, "job")
+				if err != nil {
+					t.Fatalf("after the minimum hold: %v", err)
+				}
+				l2.Release(ctx)
+			})
+		})
+	}
+}
+
+// flakyRefresh is a Backend whose next fail Refresh calls fail with a
+// network-like error before reaching the store.
+type flakyRefresh struct {
+	dlock.Backend
+	fail atomic.Int32
+}
+
+var errUnreachable = errors.New("server unreachable")
+
+func (b *flakyRefresh) Refresh(ctx context.Context, r dlock.Request) error {
+	if b.fail.Add(-1) >= 0 {
+		return errUnreachable
+	}
+	return b.Backend.Refresh(ctx, r)
+}
+
+// TestMinHoldExtendFails: a Release within the minimum hold whose
+// extension fails retries it; when it cannot succeed before the lock's
+// current expiry, Release says so and the lock is freed at that expiry.
+func TestMinHoldExtendFails(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		fails int32
+		held  bool // the lock is still held just before the minimum hold ends
+	}{
+		{"Once", 1, true},
+		{"Always", 1 << 30, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				store := memlock.NewStore()
+				b := &flakyRefresh{Backend: store.Backend()}
+				c := dlock.New(b, dlock.WithMinHold(2*time.Second), dlock.WithTTL(500*time.Millisecond), dlock.WithAutoRenew(false))
+				defer c.Close()
+				other := dlock.New(store.Backend())
+				defer other.Close()
+				ctx := context.Background()
+				l := locktest.MustAcquire(t, ctx, c, "job")
+				expires := l.Expires()
+				b.fail.Store(tc.fails)
+				err := l.Release(ctx)
+				if tc.held && err != nil {
+					t.Fatalf("Release with one failed extension: %v", err)
+				}
+				if !tc.held && (!errors.Is(err, dlock.ErrMinHold) || !errors.Is(err, errUnreachable)) {
+					t.Fatalf("Release with the extension failing: got %v, want ErrMinHold wrapping the failure", err)
+				}
+				if !errors.Is(l.Err(), dlock.ErrReleased) {
+					t.Fatalf("lease after Release: got %v, want ErrReleased", l.Err())
+				}
+				if tc.held {
+					time.Sleep(1900 * time.Millisecond)
+					if _, err := other.TryAcquire(ctx, "job"); !errors.Is(err, dlock.ErrNotAcquired) {
+						t.Fatalf("1.9s into a 2s minimum hold: got %v, want ErrNotAcquired", err)
+					}
+				} else if left := time.Until(expires); left > 50*time.Millisecond {
+					t.Fatalf("Release gave up %v before the lock's expiry", left)
+				}
+				time.Sleep(time.Until(l.Expires().Add(2100 * time.Millisecond)))
 				synctest.Wait()
 				l2, err := other.TryAcquire(ctx, "job")
 				if err != nil {

@@ -197,8 +197,10 @@ func (l *Lease) Refresh(ctx context.Context, ttl time.Duration) error {
 // released; an error matching ErrLost if the lease had been lost (the
 // work done under it may have overlapped another holder); an error
 // matching ErrNotHeld if the server no longer held it for this owner (it
-// expired and may have been taken over; the new holder is untouched). On
-// a network error the lease still ends and stops being renewed: the lock
+// expired and may have been taken over; the new holder is untouched); an
+// error matching ErrMinHold if, released within its minimum hold, the lock
+// could not be extended to the hold's end (it is freed at its current
+// expiry). On a network error the lease still ends and stops being renewed: the lock
 // expires by itself by Expires. Release of a lost lease returns at once;
 // it gives the lock back in the background, in case the server still
 // holds it.
@@ -304,12 +306,8 @@ func (l *Lease) closeRelease(ctx context.Context) error {
 	}
 	r := l.request()
 	if until := l.created.Add(l.minHold); l.minHold > 0 && time.Now().Before(until) {
-		if l.Expires().Before(until) {
-			r.TTL = max(time.Until(until)+drift(time.Until(until)), MinTTL)
-			if l.c.floor != nil {
-				r.TTL = max(r.TTL, l.c.floor.MinTTL())
-			}
-			_ = l.c.b.Refresh(ctx, r)
+		if err := l.holdUntil(ctx, &r, until); err != nil && !errors.Is(err, ErrNotHeld) {
+			return wrapOp("release", l.req.Key, err)
 		}
 		return nil
 	}
@@ -324,20 +322,51 @@ func (l *Lease) closeRelease(ctx context.Context) error {
 // long.
 func (l *Lease) releaseLater(ctx context.Context, until time.Time) error {
 	r := l.request()
-	if l.Expires().Before(until) {
-		r.TTL = max(time.Until(until)+drift(time.Until(until)), MinTTL)
-		if l.c.floor != nil {
-			r.TTL = max(r.TTL, l.c.floor.MinTTL())
-		}
-		if err := l.c.b.Refresh(ctx, r); errors.Is(err, ErrNotHeld) {
-			l.end(fmt.Errorf("%w: %w", ErrLost, err), true)
-			return wrapOp("release", l.req.Key, err)
-		}
+	err := l.holdUntil(ctx, &r, until)
+	if errors.Is(err, ErrNotHeld) {
+		l.end(fmt.Errorf("%w: %w", ErrLost, err), true)
+		return wrapOp("release", l.req.Key, err)
 	}
 	stop := l.keepLossWatch() // stopped once the lock is given back
 	l.end(ErrReleased, false)
 	l.c.releaseAt(r, until, l.releaseTimeout, stop)
-	return nil
+	return wrapOp("release", l.req.Key, err)
+}
+
+// holdUntil makes the server keep l's lock until at least until, setting
+// r.TTL to what that takes. A failed extension is retried, as the
+// watchdog retries a renewal, until it succeeds, the server answers
+// ErrNotHeld, ctx ends or the lock's current expiry nears. It returns
+// nil, or an error matching ErrNotHeld, or ErrMinHold wrapping the last
+// failure: the lock is then freed at its current expiry, before until.
+func (l *Lease) holdUntil(ctx context.Context, r *Request, until time.Time) error {
+	expires := l.Expires()
+	if !expires.Before(until) {
+		return nil
+	}
+	// Give up a little before the expiry, so that the lease ends as
+	// released rather than as expired.
+	ctx, cancel := context.WithDeadline(ctx, expires.Add(-time.Until(expires)/10))
+	defer cancel()
+	for {
+		left := time.Until(until)
+		r.TTL = max(left+drift(left), MinTTL)
+		if l.c.floor != nil {
+			r.TTL = max(r.TTL, l.c.floor.MinTTL())
+		}
+		err := l.c.b.Refresh(ctx, *r)
+		if err == nil || errors.Is(err, ErrNotHeld) {
+			return err
+		}
+		retry := min(max(l.TTL()/10, time.Millisecond), max(time.Until(expires)/2, time.Millisecond))
+		t := time.NewTimer(retry)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("%w: not extended to its end: %w", ErrMinHold, err)
+		case <-t.C:
+		}
+	}
 }
 
 // hitMaxHold ends the lease at the end of its maximum hold and gives the

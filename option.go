@@ -177,7 +177,9 @@ func WithOnLost(fn func(l *Lease, cause error)) Option {
 // clock or schedule lags. If the Client closes or the process ends first,
 // the lock expires by itself, at least d and at most its TTL after the
 // grant (unless the backend's Close ends the session or lease the lock
-// lives in: then Close frees it). Default 0: Release gives the lock back at once. A d < 0 is an
+// lives in: then Close frees it). Release returns an error matching
+// ErrMinHold if the server could not be made to keep the lock that long.
+// Default 0: Release gives the lock back at once. A d < 0 is an
 // ErrInvalidOption error.
 func WithMinHold(d time.Duration) Option {
 	return func(c *config) error {
