@@ -113,6 +113,34 @@
 // and Observe read it, the term is the lock's fence, and a leader that
 // loses its lease learns it from the Lease like any holder.
 //
+// # Several keys at once
+//
+// Client.AcquireMany takes keys in sorted order, one group at a time (a
+// group is what the backend takes atomically, such as keys of one cluster
+// slot). While a later key is awaited the earlier ones stay held and
+// renewed; with WithAutoRenew(false) the wait for a later key ends before
+// an earlier lease would expire. WithFIFO applies to keys taken one by
+// one; a group taken in one step waits by retrying on notifications; with
+// WithOwner every key is taken on its own.
+//
+// # Holds for schedulers
+//
+// WithMinHold keeps a lock on the server until a minimum time after its
+// grant, so a job that finishes fast on one instance does not run again
+// on an instance whose clock or schedule lags. A Release inside that time
+// ends the lease at once (Done closes, Err is ErrReleased) but first
+// extends the server's hold to the minimum's end, retrying a failed
+// extension as the watchdog retries a renewal, until a little before the
+// lock's current expiry; the lock is given back when the minimum ends.
+// If the extension never succeeds, Release returns an error matching
+// ErrMinHold and the lock is freed at its current expiry, earlier. If
+// the Client closes or the process ends first, the lock expires by
+// itself, at least the minimum and at most its TTL after the grant
+// (unless the backend's Close ends the session or lease the lock lives
+// in: then Close frees it). WithMaxHold ends a lease a fixed time after
+// its grant whatever the watchdog would do (ErrLost and ErrMaxHold) and
+// gives the lock back.
+//
 // # Backends
 //
 //	backend            package     fence                      waiting                  lost when
@@ -139,6 +167,7 @@
 // Every error string starts with "dlock:". Match with errors.Is:
 // ErrNotAcquired (and the context's error when the context ended the
 // wait), ErrLost, ErrNotHeld, ErrReleased, ErrClosed, ErrInvalidKey,
-// ErrInvalidTTL, ErrInvalidOption, ErrWrongType. Failures of one node
+// ErrInvalidTTL, ErrInvalidOption, ErrWrongType, ErrMaxHold, ErrMinHold.
+// Failures of one node
 // among several are *NodeError values joined with errors.Join.
 package dlock

@@ -193,17 +193,11 @@ func (l *Lease) Refresh(ctx context.Context, ttl time.Duration) error {
 
 // Release gives the lock up (one hold of it, for a reentrant lease) and
 // ends the lease: Done closes and its contexts are cancelled. It returns
-// nil on success; an error matching ErrReleased if the lease was already
-// released; an error matching ErrLost if the lease had been lost (the
-// work done under it may have overlapped another holder); an error
-// matching ErrNotHeld if the server no longer held it for this owner (it
-// expired and may have been taken over; the new holder is untouched); an
-// error matching ErrMinHold if, released within its minimum hold, the lock
-// could not be extended to the hold's end (it is freed at its current
-// expiry). On a network error the lease still ends and stops being renewed: the lock
-// expires by itself by Expires. Release of a lost lease returns at once;
-// it gives the lock back in the background, in case the server still
-// holds it.
+// nil, or an error matching ErrReleased (already released), ErrLost (the
+// lease had been lost), ErrNotHeld (the server no longer held it for
+// this owner) or ErrMinHold (see WithMinHold). On a network error the
+// lease still ends and the lock expires by itself by Expires; the lock of
+// a lost lease is given back in the background.
 func (l *Lease) Release(ctx context.Context) error {
 	if len(l.observers) == 0 || ctx == nil {
 		return l.release(ctx)

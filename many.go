@@ -23,19 +23,13 @@ type MultiAcquirer interface {
 	TryAcquireAll(ctx context.Context, rs []Request) ([]Grant, error)
 }
 
-// AcquireMany takes every key or none. Keys are taken in sorted order
-// (groups the backend can take atomically, such as keys of one cluster
-// slot, in one step), so two callers with overlapping key sets
-// never deadlock; while a later key is awaited the earlier ones stay held
-// (with WithAutoRenew(false), the wait for a later key ends before an
-// earlier lease would expire). On failure every lock taken so far is
-// released (with a fresh context bounded by the release timeout) and the
-// error of the key that failed is returned. The leases are returned in the
-// order of keys, each with its own fence; release each of them. WithFIFO
-// applies to keys taken one by one; a group taken in one step waits by
-// retrying on notifications; with WithOwner every key is taken on its
-// own. No keys, an invalid key or a key given twice is an ErrInvalidKey
-// error.
+// AcquireMany takes every key or none, in sorted order (groups the backend
+// can take atomically in one step), so callers with overlapping key sets
+// never deadlock. It returns the leases in the order of keys, each with
+// its own fence; on failure it releases what it took (within the release
+// timeout) and returns the failing key's error. No keys, an invalid key or
+// a key given twice is an ErrInvalidKey error. See the package overview
+// for waits, FIFO and owners.
 func (c *Client) AcquireMany(ctx context.Context, keys []string, opts ...Option) ([]*Lease, error) {
 	if c == nil {
 		return nil, fmt.Errorf("%w: nil Client", ErrInvalidOption)

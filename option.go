@@ -170,17 +170,10 @@ func WithOnLost(fn func(l *Lease, cause error)) Option {
 	}
 }
 
-// WithMinHold keeps the lock at least d after the grant: a Release before
-// then ends the lease at once (Done closes, Err is ErrReleased) but gives
-// the lock back on the server only when d has passed, so a job that
-// finishes fast on one instance does not run again on an instance whose
-// clock or schedule lags. If the Client closes or the process ends first,
-// the lock expires by itself, at least d and at most its TTL after the
-// grant (unless the backend's Close ends the session or lease the lock
-// lives in: then Close frees it). Release returns an error matching
-// ErrMinHold if the server could not be made to keep the lock that long.
-// Default 0: Release gives the lock back at once. A d < 0 is an
-// ErrInvalidOption error.
+// WithMinHold keeps the lock on the server at least d after the grant: a
+// Release before then ends the lease at once but gives the lock back only
+// when d has passed (see the package overview). Default 0: Release gives
+// the lock back at once. A d < 0 is an ErrInvalidOption error.
 func WithMinHold(d time.Duration) Option {
 	return func(c *config) error {
 		if d < 0 {
