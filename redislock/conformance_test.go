@@ -16,44 +16,39 @@ import (
 // as the outage (the Backend bounds calls by ctx on helper goroutines),
 // once with ContextTimeoutEnabled and a killed server restarted empty.
 func TestConformance(t *testing.T) {
-	t.Run("Pause", func(t *testing.T) {
+	t.Run("Pause", conformance(func(t *testing.T) redislock.Client {
+		return newRDB(t, srv.Addr())
+	}, outage(srv.Pause, srv.Resume)))
+	t.Run("Kill", conformance(func(t *testing.T) redislock.Client {
+		return newRDB(t, srv2.Addr(), func(o *redis.Options) { o.ContextTimeoutEnabled = true })
+	}, outage(srv2.Kill, srv2.Restart)))
+}
+
+// conformance returns a test that runs the conformance suite (with FIFO,
+// TTL 500ms) on Backends over the clients newRDB returns, with down as
+// the harness's outage (nil: none).
+func conformance(newRDB func(*testing.T) redislock.Client, down func(*testing.T) func()) func(*testing.T) {
+	return func(t *testing.T) {
 		dlocktest.Run(t, dlocktest.Harness{
-			NewBackend: func(t *testing.T) dlock.Backend {
-				return redislock.New(newRDB(t, srv.Addr()))
-			},
-			TTL:  500 * time.Millisecond,
-			FIFO: true,
-			Outage: func(t *testing.T) func() {
-				if err := srv.Pause(); err != nil {
-					t.Fatalf("Pause: %v", err)
-				}
-				return func() {
-					if err := srv.Resume(); err != nil {
-						t.Fatalf("Resume: %v", err)
-					}
-				}
-			},
+			NewBackend: func(t *testing.T) dlock.Backend { return redislock.New(newRDB(t)) },
+			TTL:        500 * time.Millisecond,
+			FIFO:       true,
+			Outage:     down,
 		})
-	})
-	t.Run("Kill", func(t *testing.T) {
-		dlocktest.Run(t, dlocktest.Harness{
-			NewBackend: func(t *testing.T) dlock.Backend {
-				return redislock.New(newRDB(t, srv2.Addr(), func(o *redis.Options) {
-					o.ContextTimeoutEnabled = true
-				}))
-			},
-			TTL:  500 * time.Millisecond,
-			FIFO: true,
-			Outage: func(t *testing.T) func() {
-				if err := srv2.Kill(); err != nil {
-					t.Fatalf("Kill: %v", err)
-				}
-				return func() {
-					if err := srv2.Restart(); err != nil {
-						t.Fatalf("Restart: %v", err)
-					}
-				}
-			},
-		})
-	})
+	}
+}
+
+// outage returns a harness outage that calls stop, and start when the
+// outage ends.
+func outage(stop, start func() error) func(*testing.T) func() {
+	return func(t *testing.T) func() {
+		if err := stop(); err != nil {
+			t.Fatalf("start of the outage: %v", err)
+		}
+		return func() {
+			if err := start(); err != nil {
+				t.Fatalf("end of the outage: %v", err)
+			}
+		}
+	}
 }

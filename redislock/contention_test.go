@@ -5,8 +5,6 @@ import (
 	"crypto/rand"
 	"math"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,7 +14,6 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/internal/testserver"
-	"github.com/dlock-go/dlock/redislock"
 )
 
 // Run with
@@ -63,23 +60,6 @@ const (
 	contentionHold    = 100 * time.Microsecond
 )
 
-// countHook counts the requests a go-redis client sends.
-type countHook struct{ n atomic.Int64 }
-
-func (h *countHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *countHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		h.n.Add(1)
-		return next(ctx, cmd)
-	}
-}
-func (h *countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		h.n.Add(int64(len(cmds)))
-		return next(ctx, cmds)
-	}
-}
-
 // lockFunc takes the lock and returns the function that releases it.
 type lockFunc func(ctx context.Context) (release func() error, err error)
 
@@ -87,20 +67,16 @@ type lockFunc func(ctx context.Context) (release func() error, err error)
 type newWorker func(b *testing.B, rdb *redis.Client, key string) lockFunc
 
 func defaultWorker(b *testing.B, rdb *redis.Client, key string) lockFunc {
-	c := dlock.New(redislock.New(rdb))
-	b.Cleanup(func() { c.Close() })
-	return func(ctx context.Context) (func() error, error) {
-		l, err := c.Acquire(ctx, key)
-		if err != nil {
-			return nil, err
-		}
-		return func() error { return l.Release(ctx) }, nil
-	}
+	return clientWorker(b, rdb, key)
 }
 
 func fifoWorker(b *testing.B, rdb *redis.Client, key string) lockFunc {
-	c := dlock.New(redislock.New(rdb), dlock.WithFIFO())
-	b.Cleanup(func() { c.Close() })
+	return clientWorker(b, rdb, key, dlock.WithFIFO())
+}
+
+// clientWorker is the lock function of a dlock.Client with opts.
+func clientWorker(b *testing.B, rdb *redis.Client, key string, opts ...dlock.Option) lockFunc {
+	c := newClient(b, rdb, opts...)
 	return func(ctx context.Context) (func() error, error) {
 		l, err := c.Acquire(ctx, key)
 		if err != nil {
@@ -125,57 +101,21 @@ func pollWorker(b *testing.B, rdb *redis.Client, key string) lockFunc {
 			if ok {
 				break
 			}
-			time.Sleep(2 * time.Millisecond)
+			time.Sleep(2 * time.Millisecond) // the baseline under measurement: polling every 2ms
 		}
 		return func() error { return unlockScript.Run(ctx, rdb, keys, token).Err() }, nil
 	}
-}
-
-// pubsubCommands returns the SUBSCRIBE and UNSUBSCRIBE commands the server
-// has run.
-func pubsubCommands(b *testing.B, rdb *redis.Client) int {
-	return commandCalls(b, rdb, "cmdstat_subscribe:calls=", "cmdstat_unsubscribe:calls=")
-}
-
-// serverCommands returns every command the server has run (INFO
-// commandstats: scripts' redis.calls included).
-func serverCommands(b *testing.B, rdb *redis.Client) int {
-	return commandCalls(b, rdb, "")
-}
-
-// commandCalls sums the calls of the commandstats lines starting with
-// one of prefixes ("" for all).
-func commandCalls(b *testing.B, rdb *redis.Client, prefixes ...string) int {
-	stats, err := rdb.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		b.Fatal(err)
-	}
-	n := 0
-	for _, line := range strings.Split(stats, "\n") {
-		for _, p := range prefixes {
-			if !strings.HasPrefix(line, "cmdstat_") || !strings.HasPrefix(line, p) {
-				continue
-			}
-			_, rest, ok := strings.Cut(line, "calls=")
-			if ok {
-				v, _ := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
-				n += v
-			}
-		}
-	}
-	return n
 }
 
 func contention(b *testing.B, mk newWorker) {
 	ctx := context.Background()
 	k := key(b)
 	admin := newRDB(b, srv.Addr())
-	hooks := make([]*countHook, contentionWorkers)
+	requests := make([]atomic.Int64, contentionWorkers)
 	locks := make([]lockFunc, contentionWorkers)
 	for i := range locks {
 		rdb := newRDB(b, srv.Addr())
-		hooks[i] = &countHook{}
-		rdb.AddHook(hooks[i])
+		rdb.AddHook(countHook(&requests[i]))
 		locks[i] = mk(b, rdb, k)
 		// Warm up: connections, scripts, subscriptions.
 		release, err := locks[i](ctx)
@@ -185,10 +125,10 @@ func contention(b *testing.B, mk newWorker) {
 		if err := release(); err != nil {
 			b.Fatal(err)
 		}
-		hooks[i].n.Store(0)
+		requests[i].Store(0)
 	}
-	subsBefore := pubsubCommands(b, admin)
-	cmdsBefore := serverCommands(b, admin)
+	subsBefore := cmdCalls(b, admin, "subscribe", "unsubscribe")
+	cmdsBefore := cmdCalls(b, admin)
 	serverBefore := testserver.CPUTime(srv.PID())
 
 	var (
@@ -246,8 +186,8 @@ func contention(b *testing.B, mk newWorker) {
 	for err := range errs {
 		b.Fatal(err)
 	}
-	subs := pubsubCommands(b, admin) - subsBefore
-	cmds := serverCommands(b, admin) - cmdsBefore
+	subs := cmdCalls(b, admin, "subscribe", "unsubscribe") - subsBefore
+	cmds := cmdCalls(b, admin) - cmdsBefore
 	server := testserver.CPUTime(srv.PID()) - serverBefore
 
 	acq, reqs := 0, int64(0)
@@ -255,7 +195,7 @@ func contention(b *testing.B, mk newWorker) {
 	var all []time.Duration
 	for i := range perW {
 		acq += perW[i]
-		reqs += hooks[i].n.Load()
+		reqs += requests[i].Load()
 		x := float64(perW[i])
 		sum += x
 		sumSq += x * x

@@ -41,9 +41,7 @@ return {1, fence}`)
 // over a lock of this version. Once the old lock is gone, this version
 // takes it with a higher fence.
 func TestRollingDeploy(t *testing.T) {
-	rdb := newRDB(t, srv.Addr())
-	b := newBackend(t, rdb)
-	ctx := ctxT(t, 30*time.Second)
+	rdb, b, ctx := onSrv(t)
 	k := key(t)
 	lock := b.LockName(k)
 	old, err := legacyAcquire.Run(ctx, rdb, []string{lock, lock + ":fence"}, "old-client", 60000).Slice()
@@ -57,7 +55,7 @@ func TestRollingDeploy(t *testing.T) {
 	if err != nil || g.OK || g.HolderTTL < 50*time.Second {
 		t.Fatalf("TryAcquire of a legacy lock: got %+v, %v, want not granted with HolderTTL ≈ 1m", g, err)
 	}
-	c := newClient(t, newRDB(t, srv.Addr()))
+	c := peer(t)
 	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer cancel()
 	if _, err := c.Acquire(short, k); !errors.Is(err, dlock.ErrNotAcquired) {

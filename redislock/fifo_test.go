@@ -8,12 +8,14 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/locktest"
 	"github.com/dlock-go/dlock/redislock"
 )
 
@@ -36,12 +38,12 @@ func helperMain() int {
 		return 1
 	}
 	fmt.Println("acquired", l.Fence())
-	time.Sleep(time.Hour)
+	<-l.Done() // holds the lock until killed (or the lease is lost)
 	return 0
 }
 
 // queueLen returns the number of entries in key's FIFO queue.
-func queueLen(t testing.TB, rdb *redis.Client, b *redislock.Backend, key string) int64 {
+func queueLen(t testing.TB, rdb redis.Cmdable, b *redislock.Backend, key string) int64 {
 	t.Helper()
 	n, err := rdb.ZCard(context.Background(), b.LockName(key)+":q").Result()
 	if err != nil {
@@ -56,6 +58,8 @@ type waiter struct {
 	errc chan error
 }
 
+// startAcquire starts an Acquire of key through c with ctx and opts on a
+// goroutine of its own.
 func startAcquire(c *dlock.Client, ctx context.Context, key string, opts ...dlock.Option) *waiter {
 	w := &waiter{got: make(chan *dlock.Lease, 1), errc: make(chan error, 1)}
 	go func() {
@@ -83,30 +87,139 @@ func (w *waiter) lease(t *testing.T, d time.Duration, what string) *dlock.Lease 
 	return nil
 }
 
+// failure returns the waiter's error, failing the test if it acquired
+// or did not return within 5s.
+func (w *waiter) failure(t *testing.T, what string) error {
+	t.Helper()
+	select {
+	case err := <-w.errc:
+		return err
+	case l := <-w.got:
+		t.Fatalf("%s: acquired (fence %d), want an error", what, l.Fence())
+	case <-time.After(5 * time.Second):
+		t.Fatalf("%s: did not return within 5s", what)
+	}
+	return nil
+}
+
+// heldKey is a key held by a Client of its own, with an admin connection
+// and a Backend that look at its lock and queue.
+type heldKey struct {
+	admin redis.UniversalClient
+	b     *redislock.Backend
+	ctx   context.Context // ends 30s after the start
+	key   string
+	h     *dlock.Lease // the holder's lease
+}
+
+// holdKey acquires a fresh key with opts through holder, or through a
+// new Client with default options when holder is nil.
+func holdKey(t *testing.T, holder *dlock.Client, opts ...dlock.Option) *heldKey {
+	t.Helper()
+	if holder == nil {
+		holder = peer(t)
+	}
+	return holdKeyOn(t, newRDB(t, srv.Addr()), holder, key(t), opts...)
+}
+
+// holdKeyOn acquires k with opts through holder, on the deployment that
+// admin connects to.
+func holdKeyOn(t *testing.T, admin redis.UniversalClient, holder *dlock.Client, k string, opts ...dlock.Option) *heldKey {
+	t.Helper()
+	ctx := ctxT(t, 30*time.Second)
+	return &heldKey{admin, newBackend(t, admin), ctx, k, mustAcquire(t, ctx, holder, k, opts...)}
+}
+
+// queue starts an Acquire of the key through c with ctx and opts, and
+// returns it once the key's queue has n entries.
+func (s *heldKey) queue(t *testing.T, c *dlock.Client, ctx context.Context, n int64, opts ...dlock.Option) *waiter {
+	t.Helper()
+	w := startAcquire(c, ctx, s.key, opts...)
+	s.queued(t, n)
+	return w
+}
+
+// queued waits until the key's queue has n entries.
+func (s *heldKey) queued(t *testing.T, n int64) {
+	t.Helper()
+	waitFor(t, 10*time.Second, fmt.Sprintf("%d entries in the queue", n), func() bool {
+		return queueLen(t, s.admin, s.b, s.key) == n
+	})
+}
+
+// handOff queues an Acquire through c with opts behind the holder,
+// releases the holder's lease, and returns the waiter's lease and how
+// long after the release it was granted.
+func (s *heldKey) handOff(t *testing.T, c *dlock.Client, opts ...dlock.Option) (*dlock.Lease, time.Duration) {
+	t.Helper()
+	w := s.queue(t, c, s.ctx, 1, opts...)
+	released := s.release(t)
+	l := w.lease(t, 5*time.Second, "waiter")
+	return l, time.Since(released)
+}
+
+// release releases the holder's lease and returns when it began.
+func (s *heldKey) release(t *testing.T) time.Time {
+	t.Helper()
+	at := time.Now()
+	release(t, s.ctx, s.h)
+	return at
+}
+
+// handedOver checks that the server holds the key for l (its owner and
+// fence) and that l does not outlive the server's deadline, and returns
+// the server's view of the lock.
+func (s *heldKey) handedOver(t *testing.T, l *dlock.Lease) dlock.Info {
+	t.Helper()
+	t0 := time.Now()
+	info, err := s.b.Inspect(s.ctx, s.key)
+	if err != nil || info.Owner != l.Owner() || info.Fence != l.Fence() {
+		t.Fatalf("lock on the server: got %+v, %v, want owner %q fence %d", info, err, l.Owner(), l.Fence())
+	}
+	// The server's expiry is at least t0 + its PTTL (ms, rounded down).
+	if exp, limit := l.Expires(), t0.Add(info.TTL+time.Millisecond); exp.After(limit) {
+		t.Fatalf("lease expires %v after the server's expiry (TTL %v)", exp.Sub(limit), info.TTL)
+	}
+	return info
+}
+
+// renewedToMinute waits for the first renewal of l, a lease of TTL 1m:
+// the lock's TTL on the server and l's Expires then lie 50s ahead or more.
+func (s *heldKey) renewedToMinute(t *testing.T, l *dlock.Lease) {
+	t.Helper()
+	waitFor(t, 5*time.Second, "the lease TTL on the server (the first renewal)", func() bool {
+		info, err := s.b.Inspect(s.ctx, s.key)
+		return err == nil && info.Owner == l.Owner() && info.TTL > 50*time.Second
+	})
+	waitFor(t, 5*time.Second, "the lease's Expires a minute ahead", func() bool {
+		return time.Until(l.Expires()) > 50*time.Second
+	})
+}
+
+// free fails the test if the key is held or has waiters.
+func (s *heldKey) free(t *testing.T) {
+	t.Helper()
+	if info, err := s.b.Inspect(s.ctx, s.key); err != nil || info.Held || info.Waiters != 0 {
+		t.Fatalf("lock after the last release: got %+v, %v, want free, no waiters", info, err)
+	}
+}
+
 // TestFIFOOrder queues eight waiters, each with its own Client and
 // connection (as eight processes would), one after the other, and checks
 // that they are served exactly in arrival order, with increasing fences,
 // and that each release is PUBLISHed once, to the next waiter only.
 func TestFIFOOrder(t *testing.T) {
 	const n = 8
-	admin := newRDB(t, srv.Addr())
-	b := newBackend(t, admin)
-	ctx := ctxT(t, 30*time.Second)
-	k := key(t)
-	holder := newClient(t, newRDB(t, srv.Addr()))
-	h, err := holder.Acquire(ctx, k)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := holdKey(t, nil)
 	var (
 		mu    sync.Mutex
 		order []int
 	)
 	done := make(chan error, n)
 	for i := 0; i < n; i++ {
-		c := newClient(t, newRDB(t, srv.Addr()))
+		c := peer(t)
 		go func() {
-			l, err := c.Acquire(ctx, k, dlock.WithFIFO())
+			l, err := c.Acquire(s.ctx, s.key, dlock.WithFIFO())
 			if err != nil {
 				done <- err
 				return
@@ -114,20 +227,16 @@ func TestFIFOOrder(t *testing.T) {
 			mu.Lock()
 			order = append(order, i)
 			mu.Unlock()
-			done <- l.Release(ctx)
+			done <- l.Release(s.ctx)
 		}()
 		// The next waiter starts once this one is in the queue.
-		waitFor(t, 5*time.Second, fmt.Sprintf("waiter %d queued", i), func() bool {
-			return queueLen(t, admin, b, k) == int64(i+1)
-		})
+		s.queued(t, int64(i+1))
 	}
-	if info, err := b.Inspect(ctx, k); err != nil || info.Waiters != n {
+	if info, err := s.b.Inspect(s.ctx, s.key); err != nil || info.Waiters != n {
 		t.Fatalf("Inspect: got %+v, %v, want %d waiters", info, err, n)
 	}
-	published := publishCalls(t, admin)
-	if err := h.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
+	published := cmdCalls(t, s.admin, "publish")
+	s.release(t)
 	for i := 0; i < n; i++ {
 		select {
 		case err := <-done:
@@ -145,12 +254,10 @@ func TestFIFOOrder(t *testing.T) {
 	}
 	// One PUBLISH per hand-off (n of them; the last release frees the lock
 	// and publishes nothing, as nobody else waits).
-	if p := publishCalls(t, admin) - published; p != n {
+	if p := cmdCalls(t, s.admin, "publish") - published; p != n {
 		t.Fatalf("PUBLISH calls for %d hand-offs: got %d, want %d (one per release, to the next waiter only)", n, p, n)
 	}
-	if q := queueLen(t, admin, b, k); q != 0 {
-		t.Fatalf("queue after every waiter was served: got %d entries, want 0", q)
-	}
+	s.free(t)
 }
 
 // TestFIFOFences checks that hand-offs issue increasing fences, that the
@@ -158,105 +265,58 @@ func TestFIFOOrder(t *testing.T) {
 // not outlive the server's reservation, and that its first renewal gives
 // the lock the lease TTL.
 func TestFIFOFences(t *testing.T) {
-	admin := newRDB(t, srv.Addr())
-	b := newBackend(t, admin)
-	ctx := ctxT(t, 30*time.Second)
-	k := key(t)
-	a := newClient(t, newRDB(t, srv.Addr()), dlock.WithTTL(time.Minute))
-	c := newClient(t, newRDB(t, srv.Addr()), dlock.WithTTL(time.Minute))
-	last, err := a.Acquire(ctx, k, dlock.WithFIFO())
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := peer(t, dlock.WithTTL(time.Minute))
+	c := peer(t, dlock.WithTTL(time.Minute))
+	s := holdKey(t, a, dlock.WithFIFO())
+	last := s.h
 	for i := 0; i < 5; i++ {
 		next := a
 		if i%2 == 0 {
 			next = c
 		}
-		w := startAcquire(next, ctx, k, dlock.WithFIFO())
-		waitFor(t, 5*time.Second, "the waiter queued", func() bool { return queueLen(t, admin, b, k) == 1 })
-		if err := last.Release(ctx); err != nil {
-			t.Fatal(err)
-		}
+		w := s.queue(t, next, s.ctx, 1, dlock.WithFIFO())
+		release(t, s.ctx, last)
 		l := w.lease(t, 5*time.Second, "waiter")
 		if l.Fence() <= last.Fence() {
 			t.Fatalf("hand-off %d: fence got %d, want > %d", i, l.Fence(), last.Fence())
 		}
-		t0 := time.Now()
-		info, err := b.Inspect(ctx, k)
-		if err != nil || info.Owner != l.Owner() || info.Fence != l.Fence() {
-			t.Fatalf("hand-off %d: lock on the server %+v, %v, want owner %q fence %d", i, info, err, l.Owner(), l.Fence())
-		}
-		// The server's expiry is at least t0 + its PTTL (ms, rounded down).
-		if exp, limit := l.Expires(), t0.Add(info.TTL+time.Millisecond); exp.After(limit) {
-			t.Fatalf("hand-off %d: lease expires %v after the server's expiry (TTL %v)", i, exp.Sub(limit), info.TTL)
-		}
-		waitFor(t, 5*time.Second, "the lease TTL on the server (the first renewal)", func() bool {
-			info, err := b.Inspect(ctx, k)
-			return err == nil && info.Owner == l.Owner() && info.TTL > 50*time.Second
-		})
-		waitFor(t, 5*time.Second, "the lease's Expires a minute ahead", func() bool {
-			return time.Until(l.Expires()) > 50*time.Second
-		})
+		s.handedOver(t, l)
+		s.renewedToMinute(t, l)
 		last = l
 	}
-	if err := last.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
+	release(t, s.ctx, last)
 }
 
 // TestFIFOCancelLeavesQueue cancels a queued waiter: its entry is gone at
 // once (not after the waiter TTL), and the waiter behind it is served by
 // the next release.
 func TestFIFOCancelLeavesQueue(t *testing.T) {
-	admin := newRDB(t, srv.Addr())
-	b := newBackend(t, admin)
-	ctx := ctxT(t, 30*time.Second)
-	k := key(t)
+	s := holdKey(t, nil)
 	// A waiter TTL of 10s: a cancelled entry left behind would be visible.
 	opt := redislock.WithWaiterTTL(10 * time.Second)
-	holder := newClient(t, newRDB(t, srv.Addr()))
-	h, err := holder.Acquire(ctx, k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cctx, cancel := context.WithCancel(ctx)
+	cctx, cancel := context.WithCancel(s.ctx)
 	defer cancel()
-	first := startAcquire(dlockClient(t, newRDB(t, srv.Addr()), opt), cctx, k, dlock.WithFIFO())
-	waitFor(t, 5*time.Second, "the first waiter queued", func() bool { return queueLen(t, admin, b, k) == 1 })
-	second := startAcquire(dlockClient(t, newRDB(t, srv.Addr()), opt), ctx, k, dlock.WithFIFO())
-	waitFor(t, 5*time.Second, "the second waiter queued", func() bool { return queueLen(t, admin, b, k) == 2 })
+	first := s.queue(t, peerWith(t, opt), cctx, 1, dlock.WithFIFO())
+	second := s.queue(t, peerWith(t, opt), s.ctx, 2, dlock.WithFIFO())
 	cancel()
 	start := time.Now()
-	select {
-	case err := <-first.errc:
-		if !errors.Is(err, dlock.ErrNotAcquired) || !errors.Is(err, context.Canceled) {
-			t.Fatalf("cancelled waiter: got %v, want ErrNotAcquired and context.Canceled", err)
-		}
-	case <-first.got:
-		t.Fatal("cancelled waiter acquired the lock")
-	case <-time.After(5 * time.Second):
-		t.Fatal("cancelled waiter did not return")
+	if err := first.failure(t, "cancelled waiter"); !errors.Is(err, dlock.ErrNotAcquired) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled waiter: got %v, want ErrNotAcquired and context.Canceled", err)
 	}
 	// Acquire returns after the cleanup: the entry is gone already.
-	if q := queueLen(t, admin, b, k); q != 1 {
+	if q := queueLen(t, s.admin, s.b, s.key); q != 1 {
 		t.Fatalf("queue right after the cancelled Acquire returned: got %d entries, want 1", q)
 	}
 	t.Logf("cancelled waiter returned and left the queue in %v", time.Since(start))
-	if info, err := b.Inspect(ctx, k); err != nil || info.Waiters != 1 {
+	if info, err := s.b.Inspect(s.ctx, s.key); err != nil || info.Waiters != 1 {
 		t.Fatalf("Inspect: got %+v, %v, want 1 waiter", info, err)
 	}
-	released := time.Now()
-	if err := h.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
+	released := s.release(t)
 	l := second.lease(t, 5*time.Second, "second waiter")
 	if d := time.Since(released); d > time.Second {
 		t.Fatalf("second waiter served %v after the release, want promptly", d)
 	}
-	if err := l.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
+	release(t, s.ctx, l)
 }
 
 // cancelHook fails the first script a waiter sends after it is armed
@@ -274,26 +334,20 @@ func (h *cancelHook) arm() {
 	h.mu.Unlock()
 }
 
-func (h *cancelHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *cancelHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		h.mu.Lock()
-		fire := h.armed && (cmd.Name() == "evalsha" || cmd.Name() == "eval")
-		if fire {
-			h.armed = false
-		}
-		h.mu.Unlock()
-		if fire {
-			h.cancel()
-			err := errors.New("test: claim dropped")
-			cmd.SetErr(err)
-			return err
-		}
-		return next(ctx, cmd)
+// fire is the hook (a hookFunc): it drops the first single script
+// command after arm.
+func (h *cancelHook) fire(cmds []redis.Cmder, pipe bool) error {
+	h.mu.Lock()
+	fire := h.armed && !pipe && (cmds[0].Name() == "evalsha" || cmds[0].Name() == "eval")
+	if fire {
+		h.armed = false
 	}
-}
-func (h *cancelHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
+	h.mu.Unlock()
+	if !fire {
+		return nil
+	}
+	h.cancel()
+	return errors.New("test: claim dropped")
 }
 
 // TestFIFOCancelAfterHandOff: the lock is handed to a waiter whose
@@ -302,39 +356,19 @@ func (h *cancelHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 // reentrant (WithOwner), so it claims the hand-off with a request, which
 // the hook fails while cancelling its context.
 func TestFIFOCancelAfterHandOff(t *testing.T) {
-	admin := newRDB(t, srv.Addr())
-	b := newBackend(t, admin)
-	ctx := ctxT(t, 30*time.Second)
-	k := key(t)
 	opt := redislock.WithWaiterTTL(10 * time.Second)
-	holder := dlockClient(t, newRDB(t, srv.Addr()), opt)
-	h, err := holder.Acquire(ctx, k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cctx, cancel := context.WithCancel(ctx)
+	s := holdKey(t, peerWith(t, opt))
+	cctx, cancel := context.WithCancel(s.ctx)
 	defer cancel()
 	hook := &cancelHook{cancel: cancel}
 	rdbA := newRDB(t, srv.Addr())
-	rdbA.AddHook(hook)
-	first := startAcquire(dlockClient(t, rdbA, opt), cctx, k, dlock.WithFIFO(), dlock.WithOwner("first"))
-	waitFor(t, 5*time.Second, "the first waiter queued", func() bool { return queueLen(t, admin, b, k) == 1 })
-	second := startAcquire(dlockClient(t, newRDB(t, srv.Addr()), opt), ctx, k, dlock.WithFIFO())
-	waitFor(t, 5*time.Second, "the second waiter queued", func() bool { return queueLen(t, admin, b, k) == 2 })
+	rdbA.AddHook(hookFunc(hook.fire))
+	first := s.queue(t, dlockClient(t, rdbA, opt), cctx, 1, dlock.WithFIFO(), dlock.WithOwner("first"))
+	second := s.queue(t, peerWith(t, opt), s.ctx, 2, dlock.WithFIFO())
 	hook.arm()
-	released := time.Now()
-	if err := h.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-first.errc:
-		if !errors.Is(err, context.Canceled) {
-			t.Fatalf("first waiter: got %v, want context.Canceled", err)
-		}
-	case l := <-first.got:
-		t.Fatalf("first waiter acquired (fence %d), want its context cancelled before the claim", l.Fence())
-	case <-time.After(5 * time.Second):
-		t.Fatal("first waiter did not return")
+	released := s.release(t)
+	if err := first.failure(t, "first waiter, its context cancelled before the claim"); !errors.Is(err, context.Canceled) {
+		t.Fatalf("first waiter: got %v, want context.Canceled", err)
 	}
 	l := second.lease(t, 5*time.Second, "second waiter")
 	d := time.Since(released)
@@ -342,33 +376,12 @@ func TestFIFOCancelAfterHandOff(t *testing.T) {
 	if d > 2*time.Second {
 		t.Fatalf("second waiter served %v after the release, want at once (the claim TTL is 10s)", d)
 	}
-	if l.Fence() <= h.Fence() {
-		t.Fatalf("second waiter's fence: got %d, want > %d", l.Fence(), h.Fence())
+	if l.Fence() <= s.h.Fence() {
+		t.Fatalf("second waiter's fence: got %d, want > %d", l.Fence(), s.h.Fence())
 	}
-	if err := l.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, 5*time.Second, "an empty queue", func() bool { return queueLen(t, admin, b, k) == 0 })
-	if info, err := b.Inspect(ctx, k); err != nil || info.Held {
-		t.Fatalf("lock after the last release: got %+v, %v, want free", info, err)
-	}
-}
-
-// dlockClient returns a Client on a Backend with opts, closed when the
-// test ends.
-func dlockClient(t *testing.T, rdb redislock.Client, opts ...redislock.Option) *dlock.Client {
-	t.Helper()
-	b := redislock.New(rdb, opts...)
-	if err := b.Err(); err != nil {
-		t.Fatal(err)
-	}
-	c := dlock.New(b)
-	t.Cleanup(func() {
-		if err := c.Close(); err != nil {
-			t.Errorf("Client.Close: %v", err)
-		}
-	})
-	return c
+	release(t, s.ctx, l)
+	s.queued(t, 0)
+	s.free(t)
 }
 
 // TestFIFOKilledWaiterProcess SIGKILLs a waiter PROCESS at the head of
@@ -380,19 +393,11 @@ func dlockClient(t *testing.T, rdb redislock.Client, opts ...redislock.Option) *
 func TestFIFOKilledWaiterProcess(t *testing.T) {
 	ttl := redislock.DefaultWaiterTTL
 	bound := ttl + ttl/4 + 100*time.Millisecond // + a round trip and scheduling
-	admin := newRDB(t, srv.Addr())
-	b := newBackend(t, admin)
-	ctx := ctxT(t, 30*time.Second)
-	k := key(t)
-	holder := newClient(t, newRDB(t, srv.Addr()))
-	h, err := holder.Acquire(ctx, k)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := holdKey(t, nil)
 
 	// The waiter process: this test binary again, in helper mode.
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), helperEnv+"="+srv.Addr()+" "+k)
+	cmd.Env = append(os.Environ(), helperEnv+"="+srv.Addr()+" "+s.key)
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -406,19 +411,14 @@ func TestFIFOKilledWaiterProcess(t *testing.T) {
 		cmd.Process.Kill() // by PID; harmless after it exited
 		<-exited
 	})
-	waitFor(t, 10*time.Second, "the waiter process queued", func() bool { return queueLen(t, admin, b, k) == 1 })
-
-	w := startAcquire(newClient(t, newRDB(t, srv.Addr())), ctx, k, dlock.WithFIFO())
-	waitFor(t, 5*time.Second, "the second waiter queued", func() bool { return queueLen(t, admin, b, k) == 2 })
+	waitFor(t, 10*time.Second, "the waiter process queued", func() bool { return queueLen(t, s.admin, s.b, s.key) == 1 })
+	w := s.queue(t, peer(t), s.ctx, 2, dlock.WithFIFO())
 
 	if err := cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
 	<-exited
-	released := time.Now()
-	if err := h.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
+	released := s.release(t)
 	l := w.lease(t, 10*time.Second, "the waiter behind the killed one")
 	d := time.Since(released)
 	t.Logf("waiter served %v after the release (bound: waiter TTL %v + %v + slack = %v)", d, ttl, ttl/4, bound)
@@ -428,47 +428,31 @@ func TestFIFOKilledWaiterProcess(t *testing.T) {
 	if d < ttl/2 {
 		t.Fatalf("served %v after the release: the lock was not handed to the killed waiter first, the test tests nothing", d)
 	}
-	if l.Fence() <= h.Fence() {
-		t.Fatalf("fence: got %d, want > %d", l.Fence(), h.Fence())
+	if l.Fence() <= s.h.Fence() {
+		t.Fatalf("fence: got %d, want > %d", l.Fence(), s.h.Fence())
 	}
-	if err := l.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
+	release(t, s.ctx, l)
 }
 
 // TestFIFODeadWaiterSkipped: a waiter whose heartbeat is older than the
 // waiter TTL when the lock is released is skipped at once: the next one
 // is served without delay.
 func TestFIFODeadWaiterSkipped(t *testing.T) {
-	admin := newRDB(t, srv.Addr())
-	b := newBackend(t, admin)
-	ctx := ctxT(t, 30*time.Second)
-	k := key(t)
-	holder := newClient(t, newRDB(t, srv.Addr()))
-	h, err := holder.Acquire(ctx, k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lock := b.LockName(k)
+	s := holdKey(t, nil)
+	lock := s.b.LockName(s.key)
 	// A dead waiter's entries, as a process killed long ago leaves them:
 	// queued first, heartbeat deadline in the past.
 	member := strings.Repeat("D", 26) + "dead-token"
-	admin.ZAdd(ctx, lock+":q", redis.Z{Score: 0.5, Member: member})
-	admin.ZAdd(ctx, lock+":hb", redis.Z{Score: 1, Member: member})
-	w := startAcquire(newClient(t, newRDB(t, srv.Addr())), ctx, k, dlock.WithFIFO())
-	waitFor(t, 5*time.Second, "the live waiter queued", func() bool { return queueLen(t, admin, b, k) == 2 })
-	released := time.Now()
-	if err := h.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
+	s.admin.ZAdd(s.ctx, lock+":q", redis.Z{Score: 0.5, Member: member})
+	s.admin.ZAdd(s.ctx, lock+":hb", redis.Z{Score: 1, Member: member})
+	w := s.queue(t, peer(t), s.ctx, 2, dlock.WithFIFO())
+	released := s.release(t)
 	l := w.lease(t, 5*time.Second, "live waiter")
 	if d := time.Since(released); d > 200*time.Millisecond {
 		t.Fatalf("live waiter behind a dead one served %v after the release, want at once", d)
 	}
-	if err := l.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if q := queueLen(t, admin, b, k); q != 0 {
+	release(t, s.ctx, l)
+	if q := queueLen(t, s.admin, s.b, s.key); q != 0 {
 		t.Fatalf("queue: got %d entries, want 0 (the dead one dropped)", q)
 	}
 }
@@ -479,30 +463,18 @@ func TestFIFODeadWaiterSkipped(t *testing.T) {
 // remaining TTL).
 func TestFIFOHolderExpires(t *testing.T) {
 	const ttl = 300 * time.Millisecond
-	holder := newClient(t, newRDB(t, srv.Addr()), dlock.WithTTL(ttl), dlock.WithAutoRenew(false))
-	c := newClient(t, newRDB(t, srv.Addr()))
-	ctx := ctxT(t, 30*time.Second)
-	k := key(t)
-	h, err := holder.Acquire(ctx, k)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := holdKey(t, peer(t, dlock.WithTTL(ttl), dlock.WithAutoRenew(false)))
 	start := time.Now()
-	l, err := c.Acquire(ctx, k, dlock.WithFIFO())
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := mustAcquire(t, s.ctx, peer(t), s.key, dlock.WithFIFO())
 	d := time.Since(start)
 	t.Logf("FIFO waiter acquired %v after the holder (TTL %v)", d, ttl)
 	if d > ttl+200*time.Millisecond {
 		t.Fatalf("FIFO waiter acquired %v after the holder, want right after its TTL %v (< +200ms)", d, ttl)
 	}
-	if l.Fence() <= h.Fence() {
-		t.Fatalf("fence: got %d, want > %d", l.Fence(), h.Fence())
+	if l.Fence() <= s.h.Fence() {
+		t.Fatalf("fence: got %d, want > %d", l.Fence(), s.h.Fence())
 	}
-	if err := l.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
+	release(t, s.ctx, l)
 }
 
 // TestFIFONotOvertaken: a lock that freed itself without a release (DEL,
@@ -510,39 +482,26 @@ func TestFIFOHolderExpires(t *testing.T) {
 // TryAcquire, which does not read the queue; the waiter's next heartbeat
 // marks the new holder's lock, and its release hands it to the waiter.
 func TestFIFONotOvertaken(t *testing.T) {
-	admin := newRDB(t, srv.Addr())
-	b := newBackend(t, admin)
-	ctx := ctxT(t, 30*time.Second)
-	k := key(t)
-	holder := newClient(t, newRDB(t, srv.Addr()), dlock.WithTTL(time.Minute))
-	h, err := holder.Acquire(ctx, k)
-	if err != nil {
+	s := holdKey(t, peer(t, dlock.WithTTL(time.Minute)))
+	w := s.queue(t, peerWith(t), s.ctx, 1, dlock.WithFIFO())
+	if err := s.admin.Del(s.ctx, s.b.LockName(s.key)).Err(); err != nil {
 		t.Fatal(err)
 	}
-	w := startAcquire(dlockClient(t, newRDB(t, srv.Addr())), ctx, k, dlock.WithFIFO())
-	waitFor(t, 5*time.Second, "the waiter queued", func() bool { return queueLen(t, admin, b, k) == 1 })
-	if err := admin.Del(ctx, b.LockName(k)).Err(); err != nil {
-		t.Fatal(err)
-	}
-	taker, err := newClient(t, newRDB(t, srv.Addr())).TryAcquire(ctx, k)
+	taker, err := peer(t).TryAcquire(s.ctx, s.key)
 	if err != nil {
 		t.Fatalf("TryAcquire of a lock deleted under a FIFO waiter: %v", err)
 	}
 	waitFor(t, 5*time.Second, "the waiter's heartbeat to mark the lock", func() bool {
-		v, ok := readLock(t, admin, b, k)
+		v, ok := readLock(t, s.admin, s.b, s.key)
 		return ok && strings.Contains(v.Flags, "q")
 	})
-	if err := taker.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
+	release(t, s.ctx, taker)
 	l := w.lease(t, 5*time.Second, "FIFO waiter")
 	if l.Fence() <= taker.Fence() {
 		t.Fatalf("waiter's fence %d, want > %d", l.Fence(), taker.Fence())
 	}
-	if err := l.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := h.Release(ctx); !errors.Is(err, dlock.ErrNotHeld) {
+	release(t, s.ctx, l)
+	if err := s.h.Release(s.ctx); !errors.Is(err, dlock.ErrNotHeld) {
 		t.Fatalf("Release by the deleted holder: got %v, want ErrNotHeld", err)
 	}
 }
@@ -550,68 +509,53 @@ func TestFIFONotOvertaken(t *testing.T) {
 // TestFIFOReentrant: an owner holding the lock re-enters at once with
 // WithFIFO too, with the same fence.
 func TestFIFOReentrant(t *testing.T) {
-	c := newClient(t, newRDB(t, srv.Addr()), dlock.WithOwner("fifo-owner"), dlock.WithFIFO())
+	c := peer(t, dlock.WithOwner("fifo-owner"), dlock.WithFIFO())
 	ctx := ctxT(t, 10*time.Second)
 	k := key(t)
-	l1, err := c.Acquire(ctx, k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l2, err := c.Acquire(ctx, k)
-	if err != nil {
-		t.Fatal(err)
-	}
+	l1 := mustAcquire(t, ctx, c, k)
+	l2 := mustAcquire(t, ctx, c, k)
 	if l2.Fence() != l1.Fence() || l2.Count() != 2 {
 		t.Fatalf("nested FIFO acquire: got fence %d count %d, want fence %d count 2", l2.Fence(), l2.Count(), l1.Fence())
 	}
-	if err := errors.Join(l2.Release(ctx), l1.Release(ctx)); err != nil {
-		t.Fatal(err)
-	}
+	release(t, ctx, l2, l1)
 }
 
 // TestFIFOHeartbeatsOnly counts a queued waiter's requests while the
-// holder keeps the lock for a second: only its heartbeats (one per
-// WaiterTTL/4), no polling for the lock.
+// holder keeps the lock: only its join and heartbeats (one per
+// WaiterTTL/4), no polling for the lock, and no claim of the hand-off. It
+// awaits the join and ten heartbeats instead of waiting a set time, and
+// allows as many requests as the elapsed time has heartbeat periods, plus
+// the join and one more, at that point and once the waiter holds the lock.
 func TestFIFOHeartbeatsOnly(t *testing.T) {
-	const hold = time.Second
-	ttl := redislock.DefaultWaiterTTL
+	const beats = 10
+	period := redislock.DefaultWaiterTTL / 4
 	hook := &tripHook{}
 	rdb := newRDB(t, srv.Addr())
-	rdb.AddHook(hook)
+	rdb.AddHook(hookFunc(hook.add))
 	c := newClient(t, rdb)
-	holder := newClient(t, newRDB(t, srv.Addr()))
-	ctx := ctxT(t, 30*time.Second)
-	k := key(t)
-	h, err := holder.Acquire(ctx, k)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := holdKey(t, nil)
 	// Warm up: connections dialled (HELLO, CLIENT SETINFO), scripts loaded,
 	// the wake channel subscribed.
-	warm, err := c.Acquire(ctx, k+".warm-up", dlock.WithFIFO())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := warm.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
+	release(t, s.ctx, mustAcquire(t, s.ctx, c, s.key+".warm-up", dlock.WithFIFO()))
 	hook.start()
-	w := startAcquire(c, ctx, k, dlock.WithFIFO())
-	time.Sleep(hold) // the quantity measured: requests during a wait of this length
-	if err := h.Release(ctx); err != nil {
-		t.Fatal(err)
+	start := time.Now()
+	w := startAcquire(c, s.ctx, s.key, dlock.WithFIFO())
+	atMost := func(what string, n int) {
+		t.Helper()
+		took := time.Since(start)
+		t.Logf("%s: %d requests in %v (join, heartbeats every %v)", what, n, took, period)
+		if limit := 2 + int(took/period); n > limit {
+			t.Fatalf("%s: got %d requests in %v, want at most %d (join, one heartbeat per %v, one more)", what, n, took, limit, period)
+		}
 	}
+	waitFor(t, 10*time.Second+beats*period, "the waiter's join and heartbeats", func() bool { return hook.count() >= 1+beats })
+	atMost("waiting", hook.count())
+	s.release(t)
 	l := w.lease(t, 5*time.Second, "waiter")
-	trips := hook.stop()
-	if err := l.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	// Join + heartbeats; the hand-off message needs no claim request.
-	want := 1 + int(hold/(ttl/4))
-	t.Logf("requests of a FIFO waiter during a %v wait: %d (join, heartbeats every %v)", hold, len(trips), ttl/4)
-	if len(trips) > want+1 {
-		t.Fatalf("requests during a %v wait: got %d, want about %d (join, heartbeats)", hold, len(trips), want)
-	}
+	// The hand-off message needs no claim request.
+	atMost("up to the hand-off", hook.count())
+	hook.stop()
+	release(t, s.ctx, l)
 }
 
 // TestFIFOLongWait: a FIFO waiter with a short TTL waits much longer than
@@ -620,19 +564,11 @@ func TestFIFOHeartbeatsOnly(t *testing.T) {
 // Grant.Since), and the watchdog keeps it.
 func TestFIFOLongWait(t *testing.T) {
 	const ttl = 300 * time.Millisecond
-	holder := newClient(t, newRDB(t, srv.Addr()))
-	c := newClient(t, newRDB(t, srv.Addr()), dlock.WithTTL(ttl))
-	ctx := ctxT(t, 10*time.Second)
-	k := key(t)
-	h, err := holder.Acquire(ctx, k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := startAcquire(c, ctx, k, dlock.WithFIFO())
-	time.Sleep(3 * ttl) // the quantity under test: a wait of 3 TTLs
-	if err := h.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
+	s := holdKey(t, nil)
+	w := startAcquire(peer(t, dlock.WithTTL(ttl)), s.ctx, s.key, dlock.WithFIFO())
+	// The quantity under test: a wait of 3 TTLs, nothing to await but time.
+	time.Sleep(3 * ttl)
+	s.release(t)
 	l := w.lease(t, 5*time.Second, "waiter")
 	if left := time.Until(l.Expires()); left < ttl/3 {
 		t.Fatalf("lease after a wait of 3 TTLs: expires in %v, want about the TTL %v", left, ttl)
@@ -642,9 +578,7 @@ func TestFIFOLongWait(t *testing.T) {
 		t.Fatalf("lease lost: %v", l.Err())
 	case <-time.After(3 * ttl):
 	}
-	if err := l.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
+	release(t, s.ctx, l)
 }
 
 // TestFIFOSurvivesReconnect kills the waiter Backend's pub/sub connection
@@ -652,78 +586,49 @@ func TestFIFOLongWait(t *testing.T) {
 // lost, but the waiter is woken when its wake channel is subscribed again
 // and is served promptly, not at its next heartbeat (2.5s here).
 func TestFIFOSurvivesReconnect(t *testing.T) {
-	admin := newRDB(t, srv.Addr())
-	b := newBackend(t, admin)
-	ctx := ctxT(t, 30*time.Second)
-	k := key(t)
-	opt := redislock.WithWaiterTTL(10 * time.Second)
-	holder := newClient(t, newRDB(t, srv.Addr()))
+	holder := peer(t)
 	wrdb := newRDB(t, srv.Addr())
+	s := holdKey(t, holder)
 	for i := 0; i < 3; i++ {
-		h, err := holder.Acquire(ctx, k)
-		if err != nil {
-			t.Fatal(err)
+		if i > 0 {
+			s.h = mustAcquire(t, s.ctx, holder, s.key)
 		}
-		w := startAcquire(dlockClient(t, wrdb, opt), ctx, k, dlock.WithFIFO())
-		waitFor(t, 5*time.Second, "the waiter queued", func() bool { return queueLen(t, admin, b, k) == 1 })
-		if err := admin.ClientKillByFilter(ctx, "TYPE", "pubsub").Err(); err != nil {
+		w := s.queue(t, dlockClient(t, wrdb, redislock.WithWaiterTTL(10*time.Second)), s.ctx, 1, dlock.WithFIFO())
+		if err := s.admin.ClientKillByFilter(s.ctx, "TYPE", "pubsub").Err(); err != nil {
 			t.Fatalf("CLIENT KILL TYPE pubsub: %v", err)
 		}
 		// Release at once, while the subscription is most likely down.
-		released := time.Now()
-		if err := h.Release(ctx); err != nil {
-			t.Fatal(err)
-		}
+		released := s.release(t)
 		l := w.lease(t, 5*time.Second, "waiter")
 		d := time.Since(released)
 		t.Logf("round %d: served %v after the release", i, d)
 		if d > time.Second {
 			t.Fatalf("round %d: waiter served %v after the release, want well before its 2.5s heartbeat", i, d)
 		}
-		if err := l.Release(ctx); err != nil {
-			t.Fatal(err)
-		}
+		release(t, s.ctx, l)
 	}
 }
 
 // TestFIFOCloseWhileWaiting closes the waiter's Backend during the wait:
 // the wait ends with ErrClosed and the waiter leaves the queue.
 func TestFIFOCloseWhileWaiting(t *testing.T) {
-	admin := newRDB(t, srv.Addr())
-	b := newBackend(t, admin)
-	ctx := ctxT(t, 30*time.Second)
-	k := key(t)
-	holder := newClient(t, newRDB(t, srv.Addr()))
-	h, err := holder.Acquire(ctx, k)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := holdKey(t, nil)
 	wb := redislock.New(newRDB(t, srv.Addr()))
 	c := dlock.New(wb)
-	w := startAcquire(c, ctx, k, dlock.WithFIFO())
-	waitFor(t, 5*time.Second, "the waiter queued", func() bool { return queueLen(t, admin, b, k) == 1 })
+	w := s.queue(t, c, s.ctx, 1, dlock.WithFIFO())
 	if err := wb.Close(); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case err := <-w.errc:
-		if !errors.Is(err, dlock.ErrClosed) {
-			t.Fatalf("wait on a closed Backend: got %v, want ErrClosed", err)
-		}
-	case <-w.got:
-		t.Fatal("acquired on a closed Backend")
-	case <-time.After(5 * time.Second):
-		t.Fatal("wait did not end when its Backend closed")
+	if err := w.failure(t, "wait on a closed Backend"); !errors.Is(err, dlock.ErrClosed) {
+		t.Fatalf("wait on a closed Backend: got %v, want ErrClosed", err)
 	}
-	if q := queueLen(t, admin, b, k); q != 0 {
+	if q := queueLen(t, s.admin, s.b, s.key); q != 0 {
 		t.Fatalf("queue after the closed waiter returned: got %d entries, want 0", q)
 	}
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := h.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
+	s.release(t)
 }
 
 // TestFIFOHandOffWithoutClaim: a waiter handed the lock holds it from the
@@ -733,42 +638,22 @@ func TestFIFOCloseWhileWaiting(t *testing.T) {
 // confirms it with the lease TTL; without auto-renew Acquire confirms it
 // with one request before it returns.
 func TestFIFOHandOffWithoutClaim(t *testing.T) {
-	admin := newRDB(t, srv.Addr())
-	b := newBackend(t, admin)
 	// Claim TTL 3s: heartbeats every 750ms, none between the join and the
 	// hand-off below.
 	opt := redislock.WithWaiterTTL(3 * time.Second)
 	for _, autoRenew := range []bool{true, false} {
 		t.Run(fmt.Sprintf("autoRenew=%v", autoRenew), func(t *testing.T) {
-			ctx := ctxT(t, 30*time.Second)
-			k := key(t)
-			holder := dlockClient(t, newRDB(t, srv.Addr()), opt)
-			h, err := holder.Acquire(ctx, k)
-			if err != nil {
-				t.Fatal(err)
-			}
-			hook := &countHook{}
+			s := holdKey(t, peerWith(t, opt))
+			var requests atomic.Int64
 			rdb := newRDB(t, srv.Addr())
-			rdb.AddHook(hook)
-			wb := redislock.New(rdb, opt)
-			c := dlock.New(wb, dlock.WithTTL(time.Minute), dlock.WithAutoRenew(autoRenew))
-			t.Cleanup(func() { c.Close() })
-			w := startAcquire(c, ctx, k, dlock.WithFIFO())
-			waitFor(t, 5*time.Second, "the waiter queued", func() bool { return queueLen(t, admin, b, k) == 1 })
-			before := hook.n.Load()
-			if err := h.Release(ctx); err != nil {
-				t.Fatal(err)
-			}
+			rdb.AddHook(countHook(&requests))
+			c := locktest.Closing(t, dlock.New(redislock.New(rdb, opt), dlock.WithTTL(time.Minute), dlock.WithAutoRenew(autoRenew)))
+			w := s.queue(t, c, s.ctx, 1, dlock.WithFIFO())
+			before := requests.Load()
+			s.release(t)
 			l := w.lease(t, 5*time.Second, "waiter")
-			sent := hook.n.Load() - before
-			t0 := time.Now()
-			info, err := b.Inspect(ctx, k)
-			if err != nil || info.Owner != l.Owner() || info.Fence != l.Fence() {
-				t.Fatalf("lock on the server: got %+v, %v, want owner %q fence %d", info, err, l.Owner(), l.Fence())
-			}
-			if exp, limit := l.Expires(), t0.Add(info.TTL+time.Millisecond); exp.After(limit) {
-				t.Fatalf("lease expires %v after the server's expiry (TTL %v)", exp.Sub(limit), info.TTL)
-			}
+			sent := requests.Load() - before
+			info := s.handedOver(t, l)
 			if !autoRenew {
 				if sent != 1 || info.TTL < 50*time.Second {
 					t.Fatalf("without auto-renew: got %d requests from the hand-off to Acquire's return and a server TTL %v, want 1 (the confirming refresh) and the lease TTL 1m", sent, info.TTL)
@@ -780,20 +665,10 @@ func TestFIFOHandOffWithoutClaim(t *testing.T) {
 				if left := time.Until(l.Expires()); left < time.Second {
 					t.Fatalf("lease right after the hand-off expires in %v, want most of the claim TTL 3s", left)
 				}
-				waitFor(t, 5*time.Second, "the first renewal: the lease TTL on the server", func() bool {
-					info, err := b.Inspect(ctx, k)
-					return err == nil && info.Owner == l.Owner() && info.TTL > 50*time.Second
-				})
-				waitFor(t, 5*time.Second, "the lease's Expires a minute ahead", func() bool {
-					return time.Until(l.Expires()) > 50*time.Second
-				})
+				s.renewedToMinute(t, l)
 			}
-			if err := l.Release(ctx); err != nil {
-				t.Fatal(err)
-			}
-			if info, err := b.Inspect(ctx, k); err != nil || info.Held {
-				t.Fatalf("lock after the release: got %+v, %v, want free", info, err)
-			}
+			release(t, s.ctx, l)
+			s.free(t)
 		})
 	}
 }
@@ -803,35 +678,19 @@ func TestFIFOHandOffWithoutClaim(t *testing.T) {
 // claim TTL): the release frees it, or hands it to the next waiter, which
 // holds it in turn.
 func TestFIFOHandOffReleasedBeforeRenewal(t *testing.T) {
-	admin := newRDB(t, srv.Addr())
-	b := newBackend(t, admin)
-	ctx := ctxT(t, 30*time.Second)
-	k := key(t)
 	opt := redislock.WithWaiterTTL(3 * time.Second)
-	holder := dlockClient(t, newRDB(t, srv.Addr()), opt)
-	h, err := holder.Acquire(ctx, k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	first := startAcquire(dlockClient(t, newRDB(t, srv.Addr()), opt), ctx, k, dlock.WithFIFO())
-	waitFor(t, 5*time.Second, "the first waiter queued", func() bool { return queueLen(t, admin, b, k) == 1 })
-	second := startAcquire(dlockClient(t, newRDB(t, srv.Addr()), opt), ctx, k, dlock.WithFIFO())
-	waitFor(t, 5*time.Second, "the second waiter queued", func() bool { return queueLen(t, admin, b, k) == 2 })
-	if err := h.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
+	s := holdKey(t, peerWith(t, opt))
+	first := s.queue(t, peerWith(t, opt), s.ctx, 1, dlock.WithFIFO())
+	second := s.queue(t, peerWith(t, opt), s.ctx, 2, dlock.WithFIFO())
+	s.release(t)
 	l1 := first.lease(t, 5*time.Second, "first waiter")
-	if err := l1.Release(ctx); err != nil {
+	if err := l1.Release(s.ctx); err != nil {
 		t.Fatalf("release of a hand-off before its first renewal: %v", err)
 	}
 	l2 := second.lease(t, 5*time.Second, "second waiter")
-	if l2.Fence() <= l1.Fence() || l1.Fence() <= h.Fence() {
-		t.Fatalf("fences: holder %d, first %d, second %d, want increasing", h.Fence(), l1.Fence(), l2.Fence())
+	if l2.Fence() <= l1.Fence() || l1.Fence() <= s.h.Fence() {
+		t.Fatalf("fences: holder %d, first %d, second %d, want increasing", s.h.Fence(), l1.Fence(), l2.Fence())
 	}
-	if err := l2.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if info, err := b.Inspect(ctx, k); err != nil || info.Held || info.Waiters != 0 {
-		t.Fatalf("lock after the last release: got %+v, %v, want free, no waiters", info, err)
-	}
+	release(t, s.ctx, l2)
+	s.free(t)
 }

@@ -5,16 +5,14 @@ import (
 	"errors"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/locktest"
 	"github.com/dlock-go/dlock/internal/scale"
-	"github.com/dlock-go/dlock/internal/testserver"
 	"github.com/dlock-go/dlock/redislock"
 )
 
@@ -24,33 +22,13 @@ func kindReq(key, token string, k dlock.Kind, permits int, ttl time.Duration) dl
 	return dlock.Request{Key: key, Token: token, TTL: ttl, Kind: k, Permits: permits}
 }
 
-// commands returns every command the server behind rdb has run (INFO
-// commandstats, the redis.calls of scripts included).
-func commands(t testing.TB, rdb *redis.Client) int {
-	t.Helper()
-	stats, err := rdb.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for _, line := range strings.Split(stats, "\n") {
-		if _, rest, ok := strings.Cut(line, "calls="); ok && strings.HasPrefix(line, "cmdstat_") {
-			v, _ := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
-			n += v
-		}
-	}
-	return n
-}
-
 // TestKindCommands counts the server commands (EVALSHA and the
 // redis.calls inside the scripts) of one uncontended TryAcquire + Release
 // of a permit and of a read hold, alone on their key and next to another
 // holder, and checks them against the figures in the package
 // documentation.
 func TestKindCommands(t *testing.T) {
-	rdb := newRDB(t, srv.Addr())
-	b := newBackend(t, rdb)
-	ctx := ctxT(t, 30*time.Second)
+	rdb, b, _ := onSrv(t)
 	const cycles = 200
 	cases := []struct {
 		name    string
@@ -68,26 +46,15 @@ func TestKindCommands(t *testing.T) {
 	for _, tc := range cases {
 		k := key(t) + tc.name
 		if tc.other {
-			r := kindReq(k, "other", tc.kind, tc.permits, time.Minute)
-			if g, err := b.TryAcquire(ctx, r); err != nil || !g.OK {
-				t.Fatalf("%s: the other holder: %+v, %v", tc.name, g, err)
-			}
+			holding(t, b, kindReq(k, "other", tc.kind, tc.permits, time.Minute))
 		}
 		r := kindReq(k, "cycle", tc.kind, tc.permits, time.Minute)
-		before := commands(t, rdb)
+		before := cmdCalls(t, rdb)
 		for i := 0; i < cycles; i++ {
-			g, err := b.TryAcquire(ctx, r)
-			if err != nil || !g.OK {
-				t.Fatalf("%s: TryAcquire: %+v, %v", tc.name, g, err)
-			}
-			r.Fence = g.Fence
-			if err := b.Release(ctx, r); err != nil {
-				t.Fatalf("%s: Release: %v", tc.name, err)
-			}
-			r.Fence = 0
+			mustRelease(t, b, holding(t, b, r))
 		}
 		// One INFO of the two is counted in the difference.
-		got := float64(commands(t, rdb)-before-1) / cycles
+		got := float64(cmdCalls(t, rdb)-before-1) / cycles
 		t.Logf("%s: %.2f server commands per acquire + release (load %s)", tc.name, got, scale.LoadAvg())
 		if got > tc.want+0.05 {
 			t.Errorf("%s: got %.2f server commands per cycle, want at most %v", tc.name, got, tc.want)
@@ -110,23 +77,13 @@ func TestKindNoKeysLeftBehind(t *testing.T) {
 	var rs []dlock.Request
 	for i := 0; i < n; i++ {
 		for j, k := range []dlock.Kind{dlock.KindPermit, dlock.KindPermit, dlock.KindRead, dlock.KindRead} {
-			r := kindReq(prefix+strconv.Itoa(i)+k.String(), "t"+strconv.Itoa(j), k, 2, time.Minute)
-			g, err := b.TryAcquire(ctx, r)
-			if err != nil || !g.OK {
-				t.Fatalf("TryAcquire %+v: %+v, %v", r, g, err)
-			}
-			r.Fence = g.Fence
-			rs = append(rs, r)
+			rs = append(rs, holding(t, b, kindReq(prefix+strconv.Itoa(i)+k.String(), "t"+strconv.Itoa(j), k, 2, time.Minute)))
 		}
 	}
 	if got := rdb.DBSize(ctx).Val() - start; got != 2*2*n {
 		t.Fatalf("keys while held: got %d, want %d (a marker and the holds per key)", got, 4*n)
 	}
-	for _, r := range rs {
-		if err := b.Release(ctx, r); err != nil {
-			t.Fatalf("Release %+v: %v", r, err)
-		}
-	}
+	mustRelease(t, b, rs...)
 	if got := rdb.DBSize(ctx).Val(); got != start {
 		t.Fatalf("DBSIZE after the releases: got %d, want %d", got, start)
 	}
@@ -141,42 +98,25 @@ func TestKindNoKeysLeftBehind(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := make(chan error, 1)
-	go func() {
-		l, err := c.RWLock(k).Lock(ctx)
-		if err == nil {
-			err = l.Release(ctx)
-		}
-		w <- err
-	}()
+	w := locktest.Go(func() (*dlock.Lease, error) { return c.RWLock(k).Lock(ctx) })
 	waitFor(t, 5*time.Second, "the writer to queue", func() bool { return rdb.Exists(ctx, b.LockName(k)+":q").Val() == 1 })
-	if err := rl.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-w; err != nil {
-		t.Fatalf("writer: %v", err)
-	}
+	release(t, ctx, rl)
+	release(t, ctx, locktest.Granted(t, w, 5*time.Second))
 	claim := kindReq(prefix+"claim", "writer", dlock.KindLock, 0, time.Minute)
 	claim.Waiting = true
-	reader := kindReq(claim.Key, "reader", dlock.KindRead, 0, time.Minute)
-	rg := mustGrant(t, b, reader)
+	reader := holding(t, b, kindReq(claim.Key, "reader", dlock.KindRead, 0, time.Minute))
 	if g, err := b.TryAcquire(ctx, claim); err != nil || g.OK {
 		t.Fatalf("a writer behind a reader: %+v, %v; want not granted", g, err)
 	}
 	if err := b.Release(ctx, claim); !errors.Is(err, dlock.ErrNotHeld) {
 		t.Fatalf("withdrawal: got %v, want ErrNotHeld", err)
 	}
-	reader.Fence = rg.Fence
-	if err := b.Release(ctx, reader); err != nil {
-		t.Fatal(err)
-	}
+	mustRelease(t, b, reader)
 	lead, err := c.Election(prefix+"lead").Campaign(ctx, "me")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := lead.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
+	release(t, ctx, lead)
 	for i := 0; i < 3; i++ {
 		if _, err := c.Semaphore(prefix+"dead", 3).Acquire(ctx, dlock.WithAutoRenew(false)); err != nil {
 			t.Fatal(err)
@@ -204,14 +144,7 @@ func TestKindWriterQueued(t *testing.T) {
 		t.Fatal(err)
 	}
 	wc := newC()
-	writer := make(chan *dlock.Lease, 1)
-	go func() {
-		l, err := wc.RWLock(k).Lock(ctx)
-		if err != nil {
-			t.Errorf("writer: %v", err)
-		}
-		writer <- l
-	}()
+	writer := locktest.Go(func() (*dlock.Lease, error) { return wc.RWLock(k).Lock(ctx) })
 	insp := newBackend(t, rdb)
 	waitFor(t, 5*time.Second, "the writer to queue", func() bool {
 		info, err := insp.Inspect(ctx, k)
@@ -223,45 +156,21 @@ func TestKindWriterQueued(t *testing.T) {
 	if _, err := newC().RWLock(k).TryRLock(ctx); !errors.Is(err, dlock.ErrNotAcquired) {
 		t.Fatalf("TryRLock while a writer is queued: got %v, want ErrNotAcquired", err)
 	}
-	if err := r1.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	var wl *dlock.Lease
-	select {
-	case wl = <-writer:
-	case <-time.After(5 * time.Second):
-		t.Fatal("writer not served after the last reader left")
-	}
-	if wl == nil {
-		t.FailNow()
-	}
+	release(t, ctx, r1)
+	// Served once the last reader left.
+	wl := locktest.Granted(t, writer, 5*time.Second)
 	if wl.Fence() <= r1.Fence() {
 		t.Fatalf("writer's fence %d, want above the reader's %d", wl.Fence(), r1.Fence())
 	}
-	reader := make(chan error, 1)
-	go func() {
-		l, err := newC().RWLock(k).RLock(ctx)
-		if err == nil {
-			err = l.Release(ctx)
-		}
-		reader <- err
-	}()
+	rc := newC()
+	reader := locktest.Go(func() (*dlock.Lease, error) { return rc.RWLock(k).RLock(ctx) })
 	waitFor(t, 5*time.Second, "the reader to find the key held", func() bool {
 		v, ok := readLock(t, rdb, insp, k)
 		return ok && strings.Contains(v.Flags, "w")
 	})
-	if err := wl.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
+	release(t, ctx, wl)
 	// Notified by the release: well before the writer's TTL would end.
-	select {
-	case err := <-reader:
-		if err != nil {
-			t.Fatalf("reader after the writer: %v", err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("reader not served after the writer's release")
-	}
+	release(t, ctx, locktest.Granted(t, reader, 5*time.Second))
 
 	// A reader that dies: the writer gets the key when its hold expires.
 	dead, err := newC().RWLock(k).RLock(ctx, dlock.WithAutoRenew(false))
@@ -278,9 +187,7 @@ func TestKindWriterQueued(t *testing.T) {
 	if wl.Fence() <= dead.Fence() {
 		t.Fatalf("writer's fence %d, want above the dead reader's %d", wl.Fence(), dead.Fence())
 	}
-	if err := wl.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
+	release(t, ctx, wl)
 }
 
 // TestKindInspectForceRelease: Inspect lists a semaphore's permits;
@@ -288,15 +195,11 @@ func TestKindWriterQueued(t *testing.T) {
 // ErrNotHeld; the semaphore's number of permits may change once nobody
 // holds it.
 func TestKindInspectForceRelease(t *testing.T) {
-	rdb := newRDB(t, srv.Addr())
-	b := newBackend(t, rdb)
-	ctx := ctxT(t, 10*time.Second)
+	rdb, b, ctx := onSrv(t)
 	k := key(t)
 	var rs []dlock.Request
 	for i := 0; i < 3; i++ {
-		r := kindReq(k, "p"+strconv.Itoa(i), dlock.KindPermit, 3, time.Minute)
-		r.Fence = mustGrant(t, b, r).Fence
-		rs = append(rs, r)
+		rs = append(rs, holding(t, b, kindReq(k, "p"+strconv.Itoa(i), dlock.KindPermit, 3, time.Minute)))
 	}
 	if g, err := b.TryAcquire(ctx, kindReq(k, "p4", dlock.KindPermit, 3, time.Minute)); err != nil || g.OK || g.HolderTTL <= 0 {
 		t.Fatalf("a fourth permit of 3: got %+v, %v; want not granted, with the first holder's TTL", g, err)
@@ -322,11 +225,7 @@ func TestKindInspectForceRelease(t *testing.T) {
 	if n := rdb.Exists(ctx, b.LockName(k), b.LockName(k)+":h").Val(); n != 0 {
 		t.Fatalf("keys after ForceRelease: got %d, want 0", n)
 	}
-	r := kindReq(k, "again", dlock.KindPermit, 5, time.Minute)
-	r.Fence = mustGrant(t, b, r).Fence
-	if err := b.Release(ctx, r); err != nil {
-		t.Fatal(err)
-	}
+	mustRelease(t, b, holding(t, b, kindReq(k, "again", dlock.KindPermit, 5, time.Minute)))
 }
 
 // TestKindMarkerDeleted: when a key's marker is deleted behind its
@@ -335,22 +234,17 @@ func TestKindInspectForceRelease(t *testing.T) {
 // ErrNotHeld) and do not count against the permits; a writer's claim
 // left from an earlier marker does not keep new readers out.
 func TestKindMarkerDeleted(t *testing.T) {
-	rdb := newRDB(t, srv.Addr())
-	b := newBackend(t, rdb)
-	ctx := ctxT(t, 10*time.Second)
+	rdb, b, ctx := onSrv(t)
 	for _, k := range []dlock.Kind{dlock.KindPermit, dlock.KindRead} {
 		key := key(t) + k.String()
-		old := kindReq(key, "old", k, 1, time.Minute)
-		old.Fence = mustGrant(t, b, old).Fence
+		old := holding(t, b, kindReq(key, "old", k, 1, time.Minute))
 		if err := rdb.Del(ctx, b.LockName(key)).Err(); err != nil {
 			t.Fatal(err)
 		}
-		r := kindReq(key, "new", k, 1, time.Minute)
-		g := mustGrant(t, b, r)
-		if g.Fence <= old.Fence {
-			t.Fatalf("%s: fence after the DEL: got %d, want above %d", k, g.Fence, old.Fence)
+		r := holding(t, b, kindReq(key, "new", k, 1, time.Minute))
+		if r.Fence <= old.Fence {
+			t.Fatalf("%s: fence after the DEL: got %d, want above %d", k, r.Fence, old.Fence)
 		}
-		r.Fence = g.Fence
 		if err := b.Refresh(ctx, old); !errors.Is(err, dlock.ErrNotHeld) {
 			t.Fatalf("%s: Refresh of a hold whose marker was deleted: got %v, want ErrNotHeld", k, err)
 		}
@@ -361,27 +255,24 @@ func TestKindMarkerDeleted(t *testing.T) {
 		if err != nil || len(info.Holds) != 1 || info.Holds[0].Owner != "new" {
 			t.Fatalf("%s: Inspect: got %+v, %v; want the new hold only", k, info, err)
 		}
-		if err := b.Release(ctx, r); err != nil {
-			t.Fatalf("%s: Release: %v", k, err)
-		}
+		mustRelease(t, b, r)
 	}
 
 	// A claim left in the claims' set by a writer of an earlier marker.
 	key := key(t) + "claim"
-	first := kindReq(key, "r1", dlock.KindRead, 0, time.Minute)
-	first.Fence = mustGrant(t, b, first).Fence
-	if err := rdb.ZAdd(ctx, b.LockName(key)+":x", redis.Z{Score: float64(time.Now().Add(time.Hour).UnixMilli()), Member: "gone"}).Err(); err != nil {
-		t.Fatal(err)
+	claims := b.LockName(key) + ":x"
+	staleClaim := func() {
+		t.Helper()
+		if err := rdb.ZAdd(ctx, claims, redis.Z{Score: float64(time.Now().Add(time.Hour).UnixMilli()), Member: "gone"}).Err(); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if err := b.Release(ctx, first); err != nil {
-		t.Fatal(err)
-	}
-	if err := rdb.ZAdd(ctx, b.LockName(key)+":x", redis.Z{Score: float64(time.Now().Add(time.Hour).UnixMilli()), Member: "gone"}).Err(); err != nil {
-		t.Fatal(err)
-	}
-	rdb.Expire(ctx, b.LockName(key)+":x", time.Hour)
-	r1 := kindReq(key, "r1", dlock.KindRead, 0, time.Minute)
-	r1.Fence = mustGrant(t, b, r1).Fence
+	first := holding(t, b, kindReq(key, "r1", dlock.KindRead, 0, time.Minute))
+	staleClaim()
+	mustRelease(t, b, first)
+	staleClaim()
+	rdb.Expire(ctx, claims, time.Hour)
+	r1 := holding(t, b, kindReq(key, "r1", dlock.KindRead, 0, time.Minute))
 	w := req(key, time.Minute)
 	w.Waiting = true
 	if g, err := b.TryAcquire(ctx, w); err != nil || g.OK {
@@ -390,13 +281,8 @@ func TestKindMarkerDeleted(t *testing.T) {
 	if err := b.Release(ctx, dlock.Request{Key: key, Token: w.Token, TTL: w.TTL, Waiting: true}); !errors.Is(err, dlock.ErrNotHeld) {
 		t.Fatalf("the writer's withdrawal: got %v, want ErrNotHeld", err)
 	}
-	r2 := kindReq(key, "r2", dlock.KindRead, 0, time.Minute)
-	r2.Fence = mustGrant(t, b, r2).Fence // the stale claim keeps no one out
-	for _, r := range []dlock.Request{r1, r2} {
-		if err := b.Release(ctx, r); err != nil {
-			t.Fatal(err)
-		}
-	}
+	r2 := holding(t, b, kindReq(key, "r2", dlock.KindRead, 0, time.Minute)) // the stale claim keeps no one out
+	mustRelease(t, b, r1, r2)
 }
 
 // TestKindPermitQueue: permit waiters queue in the semaphore's queue (with
@@ -448,9 +334,7 @@ func TestKindPermitQueue(t *testing.T) {
 	if r := <-got; r.i != 1 || r.l != nil {
 		t.Fatalf("first result: waiter %d, want the one that gave up", r.i)
 	}
-	if err := holder.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
+	release(t, ctx, holder)
 	last := holder.Fence()
 	for _, want := range []int{0, 2, 3} {
 		select {
@@ -462,9 +346,7 @@ func TestKindPermitQueue(t *testing.T) {
 				t.Fatalf("waiter %d: fence %d, want above %d", r.i, r.l.Fence(), last)
 			}
 			last = r.l.Fence()
-			if err := r.l.Release(ctx); err != nil {
-				t.Fatal(err)
-			}
+			release(t, ctx, r.l)
 		case <-time.After(10 * time.Second):
 			t.Fatalf("waiter %d not served", want)
 		}
@@ -479,12 +361,9 @@ func TestKindPermitQueue(t *testing.T) {
 // reported by Inspect while that grant holds the lock; renewals keep it
 // as long as the lock; SetValue of another grant changes nothing.
 func TestKindLeaderValue(t *testing.T) {
-	rdb := newRDB(t, srv.Addr())
-	b := newBackend(t, rdb)
-	ctx := ctxT(t, 10*time.Second)
+	rdb, b, ctx := onSrv(t)
 	k := key(t)
-	r := dlock.Request{Key: k, Token: "leader", TTL: 300 * time.Millisecond, Value: "v1"}
-	r.Fence = mustGrant(t, b, r).Fence
+	r := holding(t, b, dlock.Request{Key: k, Token: "leader", TTL: 300 * time.Millisecond, Value: "v1"})
 	if info, err := b.Inspect(ctx, k); err != nil || info.Value != "v1" || info.Fence != r.Fence {
 		t.Fatalf("Inspect: got %+v, %v; want value v1", info, err)
 	}
@@ -494,13 +373,19 @@ func TestKindLeaderValue(t *testing.T) {
 	if err := b.SetValue(ctx, stale); !errors.Is(err, dlock.ErrNotHeld) {
 		t.Fatalf("SetValue of another grant: got %v, want ErrNotHeld", err)
 	}
-	// Renewed past the first TTL, the value stays.
-	r.TTL = time.Second
-	for i := 0; i < 3; i++ {
+	// Renewed past the first TTL, the value stays: a renewal to 2s, and
+	// another once the lock's TTL on the server shows that the first
+	// 300ms have passed.
+	r.TTL = 2 * time.Second
+	for i := 0; i < 2; i++ {
 		if err := b.Refresh(ctx, r); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(150 * time.Millisecond)
+		if i == 0 {
+			waitFor(t, 5*time.Second, "the first TTL to pass on the server", func() bool {
+				return rdb.PTTL(ctx, b.LockName(k)).Val() < r.TTL-300*time.Millisecond
+			})
+		}
 	}
 	if info, err := b.Inspect(ctx, k); err != nil || info.Value != "v1" {
 		t.Fatalf("Inspect after renewals: got %+v, %v; want value v1", info, err)
@@ -508,70 +393,9 @@ func TestKindLeaderValue(t *testing.T) {
 	if pv, pl := rdb.PTTL(ctx, b.LockName(k)+":v").Val(), rdb.PTTL(ctx, b.LockName(k)).Val(); pv < pl-50*time.Millisecond {
 		t.Fatalf("value's PTTL %v, want the lock's %v", pv, pl)
 	}
-	if err := b.Release(ctx, r); err != nil {
-		t.Fatal(err)
-	}
+	mustRelease(t, b, r)
 	if info, err := b.Inspect(ctx, k); err != nil || info.Held || info.Value != "" {
 		t.Fatalf("Inspect after the release: got %+v, %v; want no holder", info, err)
-	}
-}
-
-// TestKindCluster checks with CLUSTER KEYSLOT that the holds, claims,
-// value, permit queue and heartbeat keys of a lock share its slot, and
-// takes permits, read holds and a leadership on keys spread over a
-// three-node cluster, renewed in one RefreshMany.
-func TestKindCluster(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a three-node cluster")
-	}
-	cluster, err := testserver.StartCluster()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := cluster.Stop(); err != nil {
-			t.Error(err)
-		}
-	})
-	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs()})
-	t.Cleanup(func() { rdb.Close() })
-	b := newBackend(t, rdb)
-	ctx := ctxT(t, 30*time.Second)
-	var rs []dlock.Request
-	for i := 0; i < 12; i++ {
-		k := key(t) + strconv.Itoa(i)
-		lock := b.LockName(k)
-		want := rdb.ClusterKeySlot(ctx, lock).Val()
-		for _, n := range []string{lock + ":h", lock + ":x", lock + ":v", lock + ":q", lock + ":pq", lock + ":w:member"} {
-			if got := rdb.ClusterKeySlot(ctx, n).Val(); got != want {
-				t.Fatalf("CLUSTER KEYSLOT %q = %d, want %d like %q", n, got, want, lock)
-			}
-		}
-		var r dlock.Request
-		switch i % 3 {
-		case 0:
-			r = kindReq(k, "t", dlock.KindPermit, 2, time.Minute)
-		case 1:
-			r = kindReq(k, "t", dlock.KindRead, 0, time.Minute)
-		default:
-			r = dlock.Request{Key: k, Token: "t", TTL: time.Minute, Value: "leader"}
-		}
-		r.Fence = mustGrant(t, b, r).Fence
-		rs = append(rs, r)
-	}
-	for i, err := range b.RefreshMany(ctx, rs) {
-		if err != nil {
-			t.Fatalf("RefreshMany %+v: %v", rs[i], err)
-		}
-	}
-	for _, r := range rs {
-		info, err := b.Inspect(ctx, r.Key)
-		if err != nil || !info.Held || info.Kind != r.Kind || (r.Kind == dlock.KindLock && info.Value != "leader") {
-			t.Fatalf("Inspect %q: got %+v, %v", r.Key, info, err)
-		}
-		if err := b.Release(ctx, r); err != nil {
-			t.Fatalf("Release %+v: %v", r, err)
-		}
 	}
 }
 
@@ -580,12 +404,9 @@ func TestKindCluster(t *testing.T) {
 // withdraws (a Release with Waiting and no fence, which wakes the readers
 // it kept out) or its TTL passes; readers that hold go on.
 func TestKindWriterClaim(t *testing.T) {
-	rdb := newRDB(t, srv.Addr())
-	b := newBackend(t, rdb)
-	ctx := ctxT(t, 10*time.Second)
+	_, b, ctx := onSrv(t)
 	k := key(t)
-	r1 := kindReq(k, "r1", dlock.KindRead, 0, time.Minute)
-	r1.Fence = mustGrant(t, b, r1).Fence
+	r1 := holding(t, b, kindReq(k, "r1", dlock.KindRead, 0, time.Minute))
 	w := dlock.Request{Key: k, Token: "w", TTL: 300 * time.Millisecond, Waiting: true}
 	if g, err := b.TryAcquire(ctx, w); err != nil || g.OK {
 		t.Fatalf("writer behind a reader: got %+v, %v; want not granted", g, err)
@@ -605,16 +426,11 @@ func TestKindWriterClaim(t *testing.T) {
 	if err := b.Release(ctx, w); !errors.Is(err, dlock.ErrNotHeld) {
 		t.Fatalf("withdrawal: got %v, want ErrNotHeld", err)
 	}
-	select {
-	case <-ch:
-	case <-time.After(5 * time.Second):
-		t.Fatal("withdrawal: no release message for the readers kept out")
-	}
+	notified(t, ch, "withdrawal: the release message for the readers kept out")
 	g, err := b.TryAcquire(ctx, r2)
 	if err != nil || !g.OK {
 		t.Fatalf("reader after the withdrawal: got %+v, %v; want granted", g, err)
 	}
-	r2.Fence = g.Fence
 
 	// A claim that is not withdrawn ends with its TTL.
 	if g, err := b.TryAcquire(ctx, w); err != nil || g.OK {
@@ -633,12 +449,9 @@ func TestKindWriterClaim(t *testing.T) {
 // past its deadline can be neither refreshed nor released, and a permit
 // released as a read hold changes nothing.
 func TestKindBadInput(t *testing.T) {
-	rdb := newRDB(t, srv.Addr())
-	b := newBackend(t, rdb)
-	ctx := ctxT(t, 10*time.Second)
+	rdb, b, ctx := onSrv(t)
 	k := key(t)
-	p := kindReq(k, "p", dlock.KindPermit, 2, time.Minute)
-	p.Fence = mustGrant(t, b, p).Fence
+	p := holding(t, b, kindReq(k, "p", dlock.KindPermit, 2, time.Minute))
 	if _, err := b.TryAcquire(ctx, kindReq(k, "r", dlock.KindRead, 0, time.Minute)); !errors.Is(err, dlock.ErrWrongType) {
 		t.Fatalf("a read hold on a semaphore's key: got %v, want ErrWrongType", err)
 	}
@@ -657,15 +470,15 @@ func TestKindBadInput(t *testing.T) {
 	if err := b.Refresh(ctx, p); err != nil {
 		t.Fatalf("the permit after the bad release: %v", err)
 	}
-	if err := b.Release(ctx, p); err != nil {
-		t.Fatal(err)
-	}
+	mustRelease(t, b, p)
 
-	short := kindReq(key(t), "s", dlock.KindPermit, 2, 50*time.Millisecond)
-	other := kindReq(short.Key, "o", dlock.KindPermit, 2, time.Minute)
-	short.Fence = mustGrant(t, b, short).Fence
-	other.Fence = mustGrant(t, b, other).Fence
-	time.Sleep(100 * time.Millisecond)
+	short := holding(t, b, kindReq(key(t), "s", dlock.KindPermit, 2, 50*time.Millisecond))
+	other := holding(t, b, kindReq(short.Key, "o", dlock.KindPermit, 2, time.Minute))
+	// The holds' scores are their deadlines in server ms (kind_lib.lua).
+	waitFor(t, 5*time.Second, "the short permit's deadline to pass on the server", func() bool {
+		now := rdb.Time(ctx).Val().UnixMilli()
+		return rdb.ZCount(ctx, b.LockName(short.Key)+":h", "-inf", strconv.FormatInt(now, 10)).Val() == 1
+	})
 	if err := b.Refresh(ctx, short); !errors.Is(err, dlock.ErrNotHeld) {
 		t.Fatalf("Refresh past the deadline: got %v, want ErrNotHeld", err)
 	}
@@ -675,9 +488,7 @@ func TestKindBadInput(t *testing.T) {
 	if info, err := b.Inspect(ctx, short.Key); err != nil || len(info.Holds) != 1 || info.Holds[0].Owner != "o" {
 		t.Fatalf("Inspect: got %+v, %v; want the live permit only", info, err)
 	}
-	if err := b.Release(ctx, other); err != nil {
-		t.Fatal(err)
-	}
+	mustRelease(t, b, other)
 }
 
 // TestKindPermitContention: 8 Clients take 40 permits each from a
@@ -692,37 +503,31 @@ func TestKindPermitContention(t *testing.T) {
 	ctx := ctxT(t, time.Minute)
 	k := key(t)
 	const clients, rounds, permits = 8, 40, 2
-	var inside, most atomic.Int64
-	before := commands(t, rdb)
-	var wg sync.WaitGroup
-	for i := 0; i < clients; i++ {
-		sem := newClient(t, rdb).Semaphore(k, permits)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for r := 0; r < rounds; r++ {
-				l, err := sem.Acquire(ctx)
-				if err != nil {
-					t.Errorf("Acquire: %v", err)
-					return
-				}
-				v := inside.Add(1)
-				for m := most.Load(); v > m && !most.CompareAndSwap(m, v); m = most.Load() {
-				}
-				time.Sleep(100 * time.Microsecond)
-				inside.Add(-1)
-				if err := l.Release(ctx); err != nil {
-					t.Errorf("Release: %v", err)
-					return
-				}
-			}
-		}()
+	var peak locktest.Peak
+	before := cmdCalls(t, rdb)
+	sems := make([]*dlock.Semaphore, clients)
+	for i := range sems {
+		sems[i] = newClient(t, rdb).Semaphore(k, permits)
 	}
-	wg.Wait()
+	err := locktest.Workers(clients, rounds, func(w, _ int) error {
+		l, err := sems[w].Acquire(ctx)
+		if err != nil {
+			return err
+		}
+		peak.Enter()
+		// Hold ≈100µs, the point: the holds must overlap for the bound to
+		// be tested.
+		time.Sleep(100 * time.Microsecond)
+		peak.Leave()
+		return l.Release(ctx)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	n := float64(clients * rounds)
 	t.Logf("%d permits: %.1f server commands per permit (load %s)",
-		clients*rounds, float64(commands(t, rdb)-before)/n, scale.LoadAvg())
-	if m := most.Load(); m > permits {
+		clients*rounds, float64(cmdCalls(t, rdb)-before)/n, scale.LoadAvg())
+	if m := peak.Most(); m > permits {
 		t.Fatalf("permits held at once: got %d, want at most %d", m, permits)
 	}
 }

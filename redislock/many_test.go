@@ -3,6 +3,7 @@ package redislock_test
 import (
 	"errors"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,7 +17,7 @@ import (
 func TestAcquireMany(t *testing.T) {
 	hook := &tripHook{}
 	rdb := newRDB(t, srv.Addr())
-	rdb.AddHook(hook)
+	rdb.AddHook(hookFunc(hook.add))
 	b := redislock.New(rdb)
 	c := dlock.New(b)
 	t.Cleanup(func() { c.Close() })
@@ -48,9 +49,7 @@ func TestAcquireMany(t *testing.T) {
 		}
 	}
 	for _, l := range ls {
-		if err := l.Release(ctx); err != nil {
-			t.Fatal(err)
-		}
+		release(t, ctx, l)
 	}
 }
 
@@ -59,15 +58,15 @@ func TestAcquireMany(t *testing.T) {
 func TestAcquireManyAllOrNothing(t *testing.T) {
 	rdb := newRDB(t, srv.Addr())
 	b := newBackend(t, rdb)
-	c := newClient(t, newRDB(t, srv.Addr()))
-	holder := newClient(t, newRDB(t, srv.Addr()), dlock.WithTTL(time.Minute))
+	var sent atomic.Int64 // the requests of c
+	crdb := newRDB(t, srv.Addr())
+	crdb.AddHook(countHook(&sent))
+	c := newClient(t, crdb)
+	holder := peer(t, dlock.WithTTL(time.Minute))
 	ctx := ctxT(t, 10*time.Second)
 	keys := []string{key(t), key(t), key(t)}
 	slices.Sort(keys)
-	h, err := holder.Acquire(ctx, keys[1])
-	if err != nil {
-		t.Fatal(err)
-	}
+	h := mustAcquire(t, ctx, holder, keys[1])
 	rs := make([]dlock.Request, len(keys))
 	for i, k := range keys {
 		rs[i] = dlock.Request{Key: k, Token: "many", TTL: time.Minute}
@@ -89,12 +88,9 @@ func TestAcquireManyAllOrNothing(t *testing.T) {
 	if !errors.Is(err, dlock.ErrNotAcquired) {
 		t.Fatalf("AcquireMany with a key held: got %v, want ErrNotAcquired", err)
 	}
-	for _, k := range []string{keys[0], keys[2]} {
-		if n := rdb.Exists(ctx, b.LockName(k)).Val(); n != 0 {
-			t.Fatalf("key %q taken by a failed all-or-nothing attempt: EXISTS got %d", k, n)
-		}
-	}
+	noLock(t, rdb, b, "after a failed all-or-nothing attempt", keys[0], keys[2])
 	// Released: it goes through, woken by the release.
+	before := sent.Load()
 	w := make(chan error, 1)
 	go func() {
 		ls, err := c.AcquireMany(ctx, keys)
@@ -103,10 +99,9 @@ func TestAcquireManyAllOrNothing(t *testing.T) {
 		}
 		w <- err
 	}()
-	time.Sleep(50 * time.Millisecond) // let it find the key held (any phase works)
-	if err := h.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
+	// Released once its first attempt is sent (any phase works).
+	waitFor(t, 5*time.Second, "AcquireMany's first attempt", func() bool { return sent.Load() > before })
+	release(t, ctx, h)
 	select {
 	case err := <-w:
 		if err != nil {
@@ -120,7 +115,7 @@ func TestAcquireManyAllOrNothing(t *testing.T) {
 // TestAcquireManyBadInput: no keys, duplicate keys.
 func TestAcquireManyBadInput(t *testing.T) {
 	b := newBackend(t, newRDB(t, srv.Addr()))
-	c := newClient(t, newRDB(t, srv.Addr()))
+	c := peer(t)
 	ctx := ctxT(t, 5*time.Second)
 	k := key(t)
 	if _, err := c.AcquireMany(ctx, nil); !errors.Is(err, dlock.ErrInvalidKey) {

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/testserver"
 	"github.com/dlock-go/dlock/redislock"
 )
 
@@ -20,7 +21,7 @@ func req(key string, ttl time.Duration) dlock.Request {
 	return dlock.Request{Key: key, Token: "tok-" + key, TTL: ttl}
 }
 
-func mustGrant(t *testing.T, b *redislock.Backend, r dlock.Request) dlock.Grant {
+func mustGrant(t testing.TB, b *redislock.Backend, r dlock.Request) dlock.Grant {
 	t.Helper()
 	g, err := b.TryAcquire(ctxT(t, 5*time.Second), r)
 	if err != nil {
@@ -62,17 +63,13 @@ func TestKeyLayout(t *testing.T) {
 	if err := b.Release(ctx, r); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
-	if n := rdb.Exists(ctx, lock).Val(); n != 0 {
-		t.Fatalf("lock key after Release: EXISTS got %d, want 0", n)
-	}
+	noLock(t, rdb, b, "after Release", k)
 }
 
 // TestReentrant checks the hold count, the shared fence and the TTL
 // refresh of nested holds, and that only the last release frees the lock.
 func TestReentrant(t *testing.T) {
-	rdb := newRDB(t, srv.Addr())
-	b := newBackend(t, rdb)
-	ctx := ctxT(t, 5*time.Second)
+	rdb, b, ctx := onSrv(t)
 	r := req(key(t), time.Second)
 	r.Reentrant = true
 	first := mustGrant(t, b, r)
@@ -100,9 +97,7 @@ func TestReentrant(t *testing.T) {
 	if err := b.Release(ctx, r); err != nil {
 		t.Fatalf("last Release: %v", err)
 	}
-	if n := rdb.Exists(ctx, lock).Val(); n != 0 {
-		t.Fatalf("lock after the last release: EXISTS got %d, want 0", n)
-	}
+	noLock(t, rdb, b, "after the last release", r.Key)
 	if err := b.Release(ctx, r); !errors.Is(err, dlock.ErrNotHeld) {
 		t.Fatalf("one release too many: got %v, want ErrNotHeld", err)
 	}
@@ -111,9 +106,7 @@ func TestReentrant(t *testing.T) {
 // TestNotHeldChangesNothing checks that Release and Refresh with a wrong
 // token or a wrong fence return ErrNotHeld and leave the lock alone.
 func TestNotHeldChangesNothing(t *testing.T) {
-	rdb := newRDB(t, srv.Addr())
-	b := newBackend(t, rdb)
-	ctx := ctxT(t, 5*time.Second)
+	rdb, b, ctx := onSrv(t)
 	r := req(key(t), time.Minute)
 	g := mustGrant(t, b, r)
 	lock := b.LockName(r.Key)
@@ -161,9 +154,7 @@ func TestFenceMonotonic(t *testing.T) {
 		}
 	})
 	t.Run("AfterDel", func(t *testing.T) {
-		rdb := newRDB(t, srv.Addr())
-		b := newBackend(t, rdb)
-		ctx := ctxT(t, 5*time.Second)
+		rdb, b, ctx := onSrv(t)
 		k := key(t)
 		lock := b.LockName(k)
 		var last uint64
@@ -215,7 +206,7 @@ func TestFenceMonotonic(t *testing.T) {
 }
 
 // flushHook counts the scripts sent with EVAL or SCRIPT LOAD (the NOSCRIPT
-// fallbacks) and the pipelines.
+// fallbacks) and the pipelines; its count is the hook.
 type flushHook struct {
 	mu        sync.Mutex
 	evals     int
@@ -223,27 +214,9 @@ type flushHook struct {
 	evalPipes int // pipelines that contained an EVAL
 }
 
-func (h *flushHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *flushHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		h.count([]redis.Cmder{cmd})
-		return next(ctx, cmd)
-	}
-}
-func (h *flushHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		if h.count(cmds) > 0 {
-			h.mu.Lock()
-			h.evalPipes++
-			h.mu.Unlock()
-		}
-		h.mu.Lock()
-		h.pipelines++
-		h.mu.Unlock()
-		return next(ctx, cmds)
-	}
-}
-func (h *flushHook) count(cmds []redis.Cmder) int {
+// count counts the scripts sent with EVAL or SCRIPT LOAD among cmds, and
+// the pipeline (a hookFunc).
+func (h *flushHook) count(cmds []redis.Cmder, pipe bool) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	n := 0
@@ -254,8 +227,15 @@ func (h *flushHook) count(cmds []redis.Cmder) int {
 		}
 	}
 	h.evals += n
-	return n
+	if pipe {
+		h.pipelines++
+		if n > 0 {
+			h.evalPipes++
+		}
+	}
+	return nil
 }
+
 func (h *flushHook) pipes() (all, withEval int) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -274,7 +254,7 @@ func (h *flushHook) take() int {
 func TestScriptFlush(t *testing.T) {
 	rdb := newRDB(t, srv.Addr())
 	hook := &flushHook{}
-	rdb.AddHook(hook)
+	rdb.AddHook(hookFunc(hook.count))
 	b := newBackend(t, rdb)
 	ctx := ctxT(t, 5*time.Second)
 	flush := func() {
@@ -325,20 +305,12 @@ func TestScriptFlush(t *testing.T) {
 		t.Fatalf("Release after SCRIPT FLUSH: %v", err)
 	}
 	usedEval("Release")
-	if n := rdb.Exists(ctx, b.LockName(r1.Key)).Val(); n != 0 {
-		t.Fatalf("lock after Release: EXISTS got %d, want 0", n)
-	}
+	noLock(t, rdb, b, "after Release", r1.Key)
 	// And through a Client with the watchdog (RefreshMany of two leases).
 	flush()
 	c := newClient(t, rdb, dlock.WithTTL(300*time.Millisecond))
-	l1, err := c.Acquire(ctx, key(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	l2, err := c.Acquire(ctx, key(t))
-	if err != nil {
-		t.Fatal(err)
-	}
+	l1 := mustAcquire(t, ctx, c, key(t))
+	l2 := mustAcquire(t, ctx, c, key(t))
 	_, evalPipes := hook.pipes()
 	flush()
 	waitFor(t, 5*time.Second, "a renewal batch through the NOSCRIPT fallback", func() bool {
@@ -362,9 +334,7 @@ func TestScriptFlush(t *testing.T) {
 // fence counter: every call fails with ErrWrongType naming the key, and
 // the values are left intact.
 func TestWrongType(t *testing.T) {
-	rdb := newRDB(t, srv.Addr())
-	b := newBackend(t, rdb)
-	ctx := ctxT(t, 5*time.Second)
+	rdb, b, ctx := onSrv(t)
 
 	t.Run("LockKey", func(t *testing.T) {
 		r := req(key(t), time.Minute)
@@ -529,19 +499,7 @@ func TestPausedServerHonoursContext(t *testing.T) {
 			if ctxTimeouts {
 				ttl = 500 * time.Millisecond
 			}
-			if err := srv2.Pause(); err != nil {
-				t.Fatal(err)
-			}
-			resumed := false
-			resume := func() {
-				if !resumed {
-					resumed = true
-					if err := srv2.Resume(); err != nil {
-						t.Fatal(err)
-					}
-				}
-			}
-			defer resume()
+			resume := pause(t, srv2)
 			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 			defer cancel()
 			start := time.Now()
@@ -569,6 +527,25 @@ func TestPausedServerHonoursContext(t *testing.T) {
 			mustGrant(t, b, req(k, time.Minute))
 		})
 	}
+}
+
+// pause pauses r (SIGSTOP) and returns the function that resumes it,
+// which the end of the test calls if the test did not.
+func pause(t *testing.T, r *testserver.Redis) (resume func()) {
+	t.Helper()
+	if err := r.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	resume = func() {
+		once.Do(func() {
+			if err := r.Resume(); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	t.Cleanup(resume)
+	return resume
 }
 
 func isTimeoutErr(err error) bool {
@@ -670,9 +647,7 @@ func TestBadRequests(t *testing.T) {
 
 // TestInspectForceRelease checks the operator capabilities.
 func TestInspectForceRelease(t *testing.T) {
-	rdb := newRDB(t, srv.Addr())
-	b := newBackend(t, rdb)
-	ctx := ctxT(t, 5*time.Second)
+	rdb, b, ctx := onSrv(t)
 	r := req(key(t), time.Minute)
 	r.Reentrant = true
 	if info, err := b.Inspect(ctx, r.Key); err != nil || info.Held || info.Key != r.Key || info.Waiters != 0 {
@@ -693,11 +668,7 @@ func TestInspectForceRelease(t *testing.T) {
 	if err != nil || forced.Owner != info.Owner || forced.Fence != info.Fence || !forced.Held {
 		t.Fatalf("ForceRelease: got %+v, %v, want what Inspect saw: %+v", forced, err, info)
 	}
-	select {
-	case <-ch:
-	case <-time.After(5 * time.Second):
-		t.Fatal("ForceRelease did not notify waiters")
-	}
+	notified(t, ch, "ForceRelease: the waiters")
 	if err := b.Refresh(ctx, r); !errors.Is(err, dlock.ErrNotHeld) {
 		t.Fatalf("Refresh by the old holder after ForceRelease: got %v, want ErrNotHeld", err)
 	}

@@ -18,8 +18,8 @@ import (
 func TestReentrantClient(t *testing.T) {
 	rdb := newRDB(t, srv.Addr())
 	b := newBackend(t, rdb)
-	owner := newClient(t, newRDB(t, srv.Addr()), dlock.WithOwner("job-42"))
-	other := newClient(t, newRDB(t, srv.Addr()), dlock.WithOwner("job-43"))
+	owner := peer(t, dlock.WithOwner("job-42"))
+	other := peer(t, dlock.WithOwner("job-43"))
 	ctx := ctxT(t, 30*time.Second)
 	k := key(t)
 
@@ -72,9 +72,7 @@ func TestReentrantClient(t *testing.T) {
 	if l.Fence() <= leases[0].Fence() || l.Count() != 1 {
 		t.Fatalf("other owner: got fence %d count %d, want fence > %d and count 1", l.Fence(), l.Count(), leases[0].Fence())
 	}
-	if err := l.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
+	release(t, ctx, l)
 }
 
 func leases0(ls []*dlock.Lease, l *dlock.Lease) *dlock.Lease {
@@ -89,26 +87,17 @@ func leases0(ls []*dlock.Lease, l *dlock.Lease) *dlock.Lease {
 // the Client had noticed the loss (its renewal failed) or not (the server
 // grants a first hold where the Client expected a nested one).
 func TestReentryAfterLoss(t *testing.T) {
-	rdb := newRDB(t, srv.Addr())
-	b := newBackend(t, rdb)
-	ctx := ctxT(t, 30*time.Second)
+	_, b, ctx := onSrv(t)
 
 	t.Run("Noticed", func(t *testing.T) {
 		k := key(t)
-		c := newClient(t, newRDB(t, srv.Addr()), dlock.WithOwner("job-noticed"), dlock.WithTTL(300*time.Millisecond))
-		l, err := c.Acquire(ctx, k)
-		if err != nil {
-			t.Fatal(err)
-		}
+		c := peer(t, dlock.WithOwner("job-noticed"), dlock.WithTTL(300*time.Millisecond))
+		l := mustAcquire(t, ctx, c, k)
 		if _, err := b.ForceRelease(ctx, k); err != nil {
 			t.Fatal(err)
 		}
-		select {
-		case <-l.Done():
-		case <-time.After(5 * time.Second):
-			t.Fatal("lease not lost after ForceRelease")
-		}
-		_, err = c.Acquire(ctx, k)
+		notified(t, l.Done(), "the lease's loss after ForceRelease")
+		_, err := c.Acquire(ctx, k)
 		if !errors.Is(err, dlock.ErrLost) {
 			t.Fatalf("re-entry after the loss was noticed: got %v, want ErrLost", err)
 		}
@@ -127,22 +116,17 @@ func TestReentryAfterLoss(t *testing.T) {
 		if l2.Count() != 1 || l2.Fence() <= l.Fence() {
 			t.Fatalf("fresh acquisition: got count %d fence %d, want 1 and > %d", l2.Count(), l2.Fence(), l.Fence())
 		}
-		if err := l2.Release(ctx); err != nil {
-			t.Fatal(err)
-		}
+		release(t, ctx, l2)
 	})
 	t.Run("NotNoticed", func(t *testing.T) {
 		k := key(t)
 		// TTL 1m: no renewal (which would notice) during the test.
-		c := newClient(t, newRDB(t, srv.Addr()), dlock.WithOwner("job-unnoticed"), dlock.WithTTL(time.Minute))
-		l, err := c.Acquire(ctx, k)
-		if err != nil {
-			t.Fatal(err)
-		}
+		c := peer(t, dlock.WithOwner("job-unnoticed"), dlock.WithTTL(time.Minute))
+		l := mustAcquire(t, ctx, c, k)
 		if _, err := b.ForceRelease(ctx, k); err != nil {
 			t.Fatal(err)
 		}
-		_, err = c.Acquire(ctx, k)
+		_, err := c.Acquire(ctx, k)
 		if !errors.Is(err, dlock.ErrLost) {
 			t.Fatalf("re-entry after an unnoticed loss: got %v, want ErrLost", err)
 		}

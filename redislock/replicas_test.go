@@ -20,7 +20,7 @@ func TestReplicasNoReplicas(t *testing.T) {
 	const wait = 100 * time.Millisecond
 	rdb := newRDB(t, srv.Addr())
 	b := newBackend(t, rdb)
-	c := dlockClient(t, newRDB(t, srv.Addr()), redislock.WithReplicas(1, wait))
+	c := peerWith(t, redislock.WithReplicas(1, wait))
 	ctx := ctxT(t, 10*time.Second)
 	check := func(t *testing.T, err error, took time.Duration, keys ...string) {
 		t.Helper()
@@ -33,11 +33,7 @@ func TestReplicasNoReplicas(t *testing.T) {
 		if took < wait {
 			t.Fatalf("failed after %v, before the WAIT timeout %v", took, wait)
 		}
-		for _, k := range keys {
-			if n := rdb.Exists(ctx, b.LockName(k)).Val(); n != 0 {
-				t.Fatalf("lock %q left behind: EXISTS got %d, want 0", k, n)
-			}
-		}
+		noLock(t, rdb, b, "after the refusal", keys...)
 		t.Logf("%v after %v", err, took)
 	}
 	t.Run("Acquire", func(t *testing.T) {

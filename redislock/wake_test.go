@@ -3,7 +3,7 @@ package redislock_test
 import (
 	"context"
 	"errors"
-	"strconv"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -33,20 +33,15 @@ func pubsubConns(t *testing.T, rdb *redis.Client, name string) int {
 	return n
 }
 
-// publishCalls returns how many PUBLISH commands the server has run.
-func publishCalls(t *testing.T, rdb *redis.Client) int {
+// contend makes an attempt by another token on key, which b's caller
+// holds: it is not granted, and marks the lock as waited on, so that its
+// release is published.
+func contend(t *testing.T, b *redislock.Backend, key string) {
 	t.Helper()
-	stats, err := rdb.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		t.Fatalf("INFO commandstats: %v", err)
+	other := dlock.Request{Key: key, Token: "other", TTL: time.Second}
+	if g, err := b.TryAcquire(ctxT(t, 5*time.Second), other); err != nil || g.OK {
+		t.Fatalf("TryAcquire by another token: got %+v, %v, want not granted", g, err)
 	}
-	for _, line := range strings.Split(stats, "\n") {
-		if rest, ok := strings.CutPrefix(line, "cmdstat_publish:calls="); ok {
-			n, _ := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
-			return n
-		}
-	}
-	return 0
 }
 
 // numSub returns the number of subscribers of a channel.
@@ -99,21 +94,12 @@ func TestSharedSubscription(t *testing.T) {
 		t.Fatalf("pub/sub connections of one Backend with %d watches on %d keys: got %d, want 1", len(watchKeys), len(keys), n)
 	}
 	// Another token finds each lock held, so its release is published.
-	for i, r := range reqs {
-		other := dlock.Request{Key: r.Key, Token: "other", TTL: time.Second}
-		if g, err := b.TryAcquire(ctx, other); err != nil || g.OK {
-			t.Fatalf("TryAcquire by another token: got %+v, %v, want not granted", g, err)
-		}
-		if err := b.Release(ctx, reqs[i]); err != nil {
-			t.Fatal(err)
-		}
+	for _, r := range reqs {
+		contend(t, b, r.Key)
+		mustRelease(t, b, r)
 	}
 	for i, ch := range chans {
-		select {
-		case <-ch:
-		case <-time.After(5 * time.Second):
-			t.Fatalf("watch %d (%s) not told of the release within 5s", i, watchKeys[i])
-		}
+		notified(t, ch, fmt.Sprintf("watch %d (%s) of the release", i, watchKeys[i]))
 	}
 	for _, stop := range stops {
 		stop()
@@ -166,52 +152,37 @@ func TestSubscribeFanOut(t *testing.T) {
 	}
 	// An attempt that finds the lock held marks it as waited on: its
 	// release is published.
-	contend := func() {
-		t.Helper()
-		other := dlock.Request{Key: r.Key, Token: "other", TTL: time.Second}
-		if g, err := b.TryAcquire(ctx, other); err != nil || g.OK {
-			t.Fatalf("TryAcquire by another token: got %+v, %v, want not granted", g, err)
-		}
-	}
 	for i := 0; i < 3; i++ {
 		mustGrant(t, b, r)
-		contend()
+		contend(t, b, r.Key)
 		if err := b.Release(ctx, r); err != nil {
 			t.Fatal(err)
 		}
 		for j, ch := range []<-chan struct{}{ch1, ch2} {
-			select {
-			case <-ch:
-			case <-time.After(5 * time.Second):
-				t.Fatalf("release %d: subscriber %d not notified", i, j+1)
-			}
+			notified(t, ch, fmt.Sprintf("release %d: subscriber %d", i, j+1))
 		}
 	}
 	// An uncontended release publishes nothing.
-	before := publishCalls(t, admin)
+	before := cmdCalls(t, admin, "publish")
 	mustGrant(t, b, r)
 	if err := b.Release(ctx, r); err != nil {
 		t.Fatal(err)
 	}
-	if after := publishCalls(t, admin); after != before {
+	if after := cmdCalls(t, admin, "publish"); after != before {
 		t.Fatalf("PUBLISH calls for an uncontended release: got %d, want 0", after-before)
 	}
 	// A reentrant release that keeps the lock held notifies nobody.
 	r.Reentrant = true
 	mustGrant(t, b, r)
 	mustGrant(t, b, r)
-	contend()
+	contend(t, b, r.Key)
 	if err := b.Release(ctx, r); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.Release(ctx, r); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-ch1:
-	case <-time.After(5 * time.Second):
-		t.Fatal("last reentrant release: not notified")
-	}
+	notified(t, ch1, "last reentrant release")
 	select {
 	case <-ch1:
 		t.Fatal("two notifications for one freeing release")
@@ -303,49 +274,19 @@ func TestSubscribeChurn(t *testing.T) {
 // attempts (an Acquire without WithFIFO) queues and gets the lock promptly
 // when the holder releases it.
 func TestWokenByHandOff(t *testing.T) {
-	rdb := newRDB(t, srv.Addr())
-	holder := newClient(t, rdb, dlock.WithTTL(time.Minute))
-	waiter := newClient(t, newRDB(t, srv.Addr()), dlock.WithWait(dlock.Constant(10*time.Second)))
-	ctx := ctxT(t, 30*time.Second)
-	k := key(t)
-	b := redislock.New(rdb)
+	holder := peer(t, dlock.WithTTL(time.Minute))
+	waiter := peer(t, dlock.WithWait(dlock.Constant(10*time.Second)))
+	s := holdKey(t, holder)
 	for i := 0; i < 3; i++ {
-		l, err := holder.Acquire(ctx, k)
-		if err != nil {
-			t.Fatal(err)
+		if i > 0 {
+			s.h = mustAcquire(t, s.ctx, holder, s.key)
 		}
-		got := make(chan *dlock.Lease, 1)
-		errc := make(chan error, 1)
-		go func() {
-			l, err := waiter.Acquire(ctx, k)
-			if err != nil {
-				errc <- err
-				return
-			}
-			got <- l
-		}()
-		waitFor(t, 5*time.Second, "the waiter to queue", func() bool {
-			return queueLen(t, rdb, b, k) == 1
-		})
-		released := time.Now()
-		if err := l.Release(ctx); err != nil {
-			t.Fatal(err)
+		l, d := s.handOff(t, waiter)
+		t.Logf("round %d: waiter acquired %v after the release", i, d)
+		if d > 500*time.Millisecond {
+			t.Fatalf("waiter acquired %v after the release, want well below its 10s strategy (< 500ms)", d)
 		}
-		select {
-		case l2 := <-got:
-			d := time.Since(released)
-			t.Logf("round %d: waiter acquired %v after the release", i, d)
-			if d > 500*time.Millisecond {
-				t.Fatalf("waiter acquired %v after the release, want well below its 10s strategy (< 500ms)", d)
-			}
-			if err := l2.Release(ctx); err != nil {
-				t.Fatal(err)
-			}
-		case err := <-errc:
-			t.Fatal(err)
-		case <-time.After(5 * time.Second):
-			t.Fatal("waiter not woken within 5s of the release")
-		}
+		release(t, s.ctx, l)
 	}
 }
 
@@ -355,36 +296,26 @@ func TestWokenByHandOff(t *testing.T) {
 // find the lock free.
 func TestWaitBoundedByHolderTTL(t *testing.T) {
 	const ttl = 300 * time.Millisecond
-	holder := newClient(t, newRDB(t, srv.Addr()), dlock.WithTTL(ttl), dlock.WithAutoRenew(false))
-	waiter := newClient(t, newRDB(t, srv.Addr()), dlock.WithWait(dlock.Constant(10*time.Second)))
+	holder := peer(t, dlock.WithTTL(ttl), dlock.WithAutoRenew(false))
+	waiter := peer(t, dlock.WithWait(dlock.Constant(10*time.Second)))
 	ctx := ctxT(t, 30*time.Second)
 	k := key(t)
 	start := time.Now()
-	h, err := holder.Acquire(ctx, k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := waiter.Acquire(ctx, k)
-	if err != nil {
-		t.Fatal(err)
-	}
+	h := mustAcquire(t, ctx, holder, k)
+	l := mustAcquire(t, ctx, waiter, k)
 	d := time.Since(start)
 	t.Logf("waiter acquired %v after the holder (TTL %v)", d, ttl)
 	if l.Fence() <= h.Fence() {
 		t.Fatalf("fence: got %d, want > %d", l.Fence(), h.Fence())
 	}
-	if d < ttl-drift(ttl) {
+	if d < ttl-dlock.Drift(ttl) {
 		t.Fatalf("waiter acquired %v after the holder, before its TTL %v ran out", d, ttl)
 	}
 	if d > ttl+200*time.Millisecond {
 		t.Fatalf("waiter acquired %v after the holder, want shortly after its TTL %v (< +200ms), not after the 10s strategy", d, ttl)
 	}
-	if err := l.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
+	release(t, ctx, l)
 }
-
-func drift(ttl time.Duration) time.Duration { return ttl/100 + min(2*time.Millisecond, ttl/4) }
 
 // TestSubscriptionSurvivesReconnect kills the Backend's pub/sub
 // connection on the server: the subscription comes back by itself, the
@@ -405,27 +336,14 @@ func TestSubscriptionSurvivesReconnect(t *testing.T) {
 	if err := admin.ClientKillByFilter(ctx, "TYPE", "pubsub").Err(); err != nil {
 		t.Fatalf("CLIENT KILL TYPE pubsub: %v", err)
 	}
-	select {
-	case <-ch:
-	case <-time.After(5 * time.Second):
-		t.Fatal("waiter not woken after its subscription was re-established")
-	}
+	notified(t, ch, "waiter after its subscription was re-established")
 	if n := pubsubConns(t, admin, name); n != 1 {
 		t.Fatalf("pub/sub connections after the reconnect: got %d, want 1", n)
 	}
 	mustGrant(t, b, r)
-	other := dlock.Request{Key: r.Key, Token: "other", TTL: time.Second}
-	if g, err := b.TryAcquire(ctx, other); err != nil || g.OK {
-		t.Fatalf("TryAcquire by another token: got %+v, %v, want not granted", g, err)
-	}
-	if err := b.Release(ctx, r); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-ch:
-	case <-time.After(5 * time.Second):
-		t.Fatal("release after the reconnect not delivered")
-	}
+	contend(t, b, r.Key)
+	mustRelease(t, b, r)
+	notified(t, ch, "release after the reconnect")
 }
 
 // TestSubscribeServerDown checks that Subscribe fails promptly, without

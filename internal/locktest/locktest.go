@@ -1,7 +1,10 @@
 // Package locktest is the test kit shared by dlock's own tests: unique
 // keys, bounded contexts, acquisitions that must succeed or run on their
-// own goroutine, and waits for a condition instead of sleeps, so that
-// every package's tests use the same helpers instead of copies.
+// own goroutine, waits for a condition instead of sleeps, Backends and
+// Clients closed with the test (Closing), servers started for a test
+// (Deploy), concurrent workers and their peak (Workers, Peak), lost
+// leases (Lost) and Redis command counts (CommandCalls), so that every
+// package's tests use the same helpers instead of copies.
 //
 // A test that waits awaits what it waits for: a condition (WaitFor,
 // Poll), the end of changes (Settle), an acquisition's outcome (Granted)
