@@ -69,23 +69,19 @@ type variant struct {
 
 // pglockVariant goes through dlock.Client and pglock.
 func pglockVariant() *variant {
-	return &variant{name: "pglock", worker: func(b *testing.B, v *variant) func(context.Context, string) (func(), error) {
-		c := dlock.New(pglock.New(countedPool(b, &v.reqs, 4)), dlock.WithTTL(10*time.Second))
-		b.Cleanup(func() { c.Close() })
-		return func(ctx context.Context, key string) (func(), error) {
-			l, err := c.Acquire(ctx, key)
-			if err != nil {
-				return nil, err
-			}
-			return func() { l.Release(context.Background()) }, nil
-		}
-	}}
+	return clientVariant("pglock", func(p *pgxpool.Pool) dlock.Backend { return pglock.New(p) })
 }
 
 // sessionVariant goes through dlock.Client and pglock's session mode.
 func sessionVariant() *variant {
-	return &variant{name: "pglock-session", worker: func(b *testing.B, v *variant) func(context.Context, string) (func(), error) {
-		c := dlock.New(pglock.NewSession(countedPool(b, &v.reqs, 4)), dlock.WithTTL(10*time.Second))
+	return clientVariant("pglock-session", func(p *pgxpool.Pool) dlock.Backend { return pglock.NewSession(p) })
+}
+
+// clientVariant goes through dlock.Client and the backend that
+// newBackend builds on each worker's pool.
+func clientVariant(name string, newBackend func(*pgxpool.Pool) dlock.Backend) *variant {
+	return &variant{name: name, worker: func(b *testing.B, v *variant) func(context.Context, string) (func(), error) {
+		c := dlock.New(newBackend(countedPool(b, &v.reqs, 4)), dlock.WithTTL(10*time.Second))
 		b.Cleanup(func() { c.Close() })
 		return func(ctx context.Context, key string) (func(), error) {
 			l, err := c.Acquire(ctx, key)
@@ -196,7 +192,7 @@ func run(b *testing.B, vs []*variant, workers, rounds int, slice, hold time.Dura
 							return
 						}
 						if hold > 0 {
-							time.Sleep(hold)
+							time.Sleep(hold) // the work done under the lock: what the benchmark holds it for
 						}
 						n.Add(1)
 						release()

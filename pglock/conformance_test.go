@@ -11,12 +11,26 @@ import (
 )
 
 func TestConformance(t *testing.T) {
-	dlocktest.Run(t, dlocktest.Harness{
-		NewBackend: func(t *testing.T) dlock.Backend {
-			pool := newPool(t)
-			return closingPool{pglock.New(pool), pool}
-		},
-		TTL: ttl,
+	dlocktest.Run(t, harness(func(pool *pgxpool.Pool) dlock.Backend {
+		return closingPool{pglock.New(pool), pool}
+	}))
+}
+
+// The session mode is not SessionBound: a lock that is not renewed ends
+// at its TTL (the server ends the idle session, the row's deadline
+// passes), so the suite's expiry cases run too.
+func TestSessionConformance(t *testing.T) {
+	dlocktest.Run(t, harness(func(pool *pgxpool.Pool) dlock.Backend {
+		return closingSession{pglock.NewSession(pool), pool}
+	}))
+}
+
+// harness returns the suite's harness for backends that newBackend builds
+// on a new pool each; outages pause the server.
+func harness(newBackend func(*pgxpool.Pool) dlock.Backend) dlocktest.Harness {
+	return dlocktest.Harness{
+		NewBackend: func(t *testing.T) dlock.Backend { return newBackend(newPool(t)) },
+		TTL:        ttl,
 		Outage: func(t *testing.T) func() {
 			t.Helper()
 			if err := srv.Pause(); err != nil {
@@ -28,7 +42,7 @@ func TestConformance(t *testing.T) {
 				}
 			}
 		},
-	})
+	}
 }
 
 // closingPool is a Backend that also closes its pool when the suite
@@ -39,11 +53,7 @@ type closingPool struct {
 	pool *pgxpool.Pool
 }
 
-func (c closingPool) Close() error {
-	err := c.Backend.Close()
-	c.pool.Close()
-	return err
-}
+func (c closingPool) Close() error { return closeWithPool(c.Backend, c.pool) }
 
 // closingSession is closingPool for the session mode.
 type closingSession struct {
@@ -51,8 +61,11 @@ type closingSession struct {
 	pool *pgxpool.Pool
 }
 
-func (c closingSession) Close() error {
-	err := c.SessionBackend.Close()
-	c.pool.Close()
+func (c closingSession) Close() error { return closeWithPool(c.SessionBackend, c.pool) }
+
+// closeWithPool closes b, then pool, and returns b's error.
+func closeWithPool(b dlock.Backend, pool *pgxpool.Pool) error {
+	err := b.Close()
+	pool.Close()
 	return err
 }

@@ -35,12 +35,14 @@
 //
 // Every operation is one statement in its own transaction (a TryAcquire at
 // most two, see below), on the server's clock (now(), the statement's
-// start). A statement that fails because its connection broke (after a
-// server restart every pooled connection fails once) is run once more
-// where that is safe: Refresh, Inspect and Subscribe always, TryAcquire
-// and Release for a request with a token of its own (a TryAcquire first
-// gives back the grant the lost attempt may have made), never a reentrant
-// one, whose count could change twice.
+// start). A statement that fails because its pooled connection broke
+// (after a server restart every idle connection of the pool fails once,
+// and the pool discards it) is run again where that is safe, up to one
+// run more than the pool's MaxConns, which reaches a new connection; a
+// failed dial is not retried. Safe are Refresh, Inspect and Subscribe
+// always, TryAcquire and Release for a request with a token of its own (a
+// TryAcquire first gives back the grant the lost attempt may have made),
+// never a reentrant one, whose count could change twice.
 //
 //   - TryAcquire: INSERT ... ON CONFLICT (key) DO UPDATE. A missing or
 //     free row (expires <= now(): released or expired) is granted with
@@ -249,7 +251,9 @@
 // frees the row and ends the holder's session (pg_terminate_backend).
 //
 // A session lock cannot be shared between processes: re-entry
-// (Request.Reentrant) works within one SessionBackend only. Each held
+// (Request.Reentrant) works within one SessionBackend only, and, like
+// every grant, first renews the deadline to at least now + its TTL (one
+// round trip, joined with a renewal that has not started yet). Each held
 // lock keeps one connection, so the pool's size bounds the locks held at
 // once. The connection must reach the server directly or through session
 // pooling: behind a transaction-pooling proxy the next renewal finds

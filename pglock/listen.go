@@ -81,10 +81,10 @@ func (b *Backend) Subscribe(ctx context.Context, key string) (<-chan struct{}, f
 	l.tagKeys[tag] = key
 	l.keys[key]++
 	l.mu.Unlock()
-	_, err := b.pool.Exec(ctx, b.stmts.addWaiter, key, l.channel, tag, b.cfg.waiterTTL.Microseconds())
-	if retryable(ctx, err) { // the row is unique per channel and tag: inserting twice is once
-		_, err = b.pool.Exec(ctx, b.stmts.addWaiter, key, l.channel, tag, b.cfg.waiterTTL.Microseconds())
-	}
+	err := b.retry(ctx, func() error { // the row is unique per channel and tag: inserting twice is once
+		_, err := b.pool.Exec(ctx, b.stmts.addWaiter, key, l.channel, tag, b.cfg.waiterTTL.Microseconds())
+		return err
+	})
 	if err != nil {
 		l.remove(tag)
 		return nil, nil, wrap("subscribe", err)

@@ -2,15 +2,14 @@ package pglock_test
 
 import (
 	"context"
-	"fmt"
-	"os"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.uber.org/goleak"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/locktest"
+	"github.com/dlock-go/dlock/internal/locktest/testmain"
 	"github.com/dlock-go/dlock/internal/testserver"
 	"github.com/dlock-go/dlock/pglock"
 )
@@ -22,30 +21,13 @@ var srv *testserver.Postgres
 // dsn is the test server's connection URL, for the examples.
 var dsn string
 
-// testMain stops the server after the tests and before goleak looks for
-// leaked goroutines (the testserver package keeps one while servers run).
-type testMain struct{ m *testing.M }
-
-func (tm testMain) Run() int {
-	code := tm.m.Run()
-	if err := srv.Stop(); err != nil {
-		fmt.Fprintln(os.Stderr, "pglock tests: stop postgres:", err)
-		if code == 0 {
-			code = 1
-		}
-	}
-	return code
-}
-
 func TestMain(m *testing.M) {
 	var err error
-	srv, err = testserver.StartPostgres(testserver.PostgresOptions{})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "pglock tests:", err)
-		os.Exit(1)
+	if srv, err = testserver.StartPostgres(testserver.PostgresOptions{}); err != nil {
+		testmain.Fail("pglock", err)
 	}
 	dsn = srv.DSN()
-	goleak.VerifyTestMain(testMain{m})
+	testmain.Run(m, "pglock", srv.Stop)
 }
 
 // ttl is the lease TTL of most tests.
@@ -68,6 +50,19 @@ func newPool(t testing.TB) *pgxpool.Pool {
 	return pool
 }
 
+// newBackend returns a Backend on a new pool, configured by opts; both
+// are closed when the test ends.
+func newBackend(t testing.TB, opts ...pglock.Option) *pglock.Backend {
+	t.Helper()
+	return locktest.Closing(t, pglock.New(newPool(t), opts...))
+}
+
+// newSession is newBackend for the session mode.
+func newSession(t testing.TB, opts ...pglock.Option) *pglock.SessionBackend {
+	t.Helper()
+	return locktest.Closing(t, pglock.NewSession(newPool(t), opts...))
+}
+
 // newClient returns a dlock Client on a new pool and Backend, like another
 // process would have; both are closed when the test ends.
 func newClient(t testing.TB, opts ...dlock.Option) (*dlock.Client, *pglock.Backend) {
@@ -81,10 +76,26 @@ func newClient(t testing.TB, opts ...dlock.Option) (*dlock.Client, *pglock.Backe
 	return c, b
 }
 
-// ctxT returns a context cancelled after d or at the end of the test.
-func ctxT(t testing.TB, d time.Duration) context.Context {
+// parked returns once the Client whose locktest.Waiting channel is
+// waiting reports that an acquisition waits; it fails the test if the
+// acquisition started by locktest.Go whose outcome got receives ends
+// first.
+func parked(t *testing.T, waiting <-chan struct{}, got <-chan locktest.Outcome) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
+	select {
+	case <-waiting:
+	case r := <-got:
+		t.Fatalf("waiter ended before it waited: lease %v, error %v", r.Lease != nil, r.Err)
+	}
+}
+
+// granted makes one attempt with r through b and returns its grant; it
+// fails the test unless the attempt was granted.
+func granted(t *testing.T, ctx context.Context, b dlock.Backend, r dlock.Request) dlock.Grant {
+	t.Helper()
+	g, err := b.TryAcquire(ctx, r)
+	if err != nil || !g.OK {
+		t.Fatalf("TryAcquire(%s): got %+v, %v; want granted", r.Token, g, err)
+	}
+	return g
 }

@@ -90,13 +90,7 @@ func WithoutListen() Option {
 // process died is skipped by releases after at most this long. Below
 // 100ms is an ErrInvalidOption error.
 func WithWaiterTTL(d time.Duration) Option {
-	return func(c *config) error {
-		if d < 100*time.Millisecond {
-			return fmt.Errorf("pglock: %w: waiter TTL %v is below 100ms", dlock.ErrInvalidOption, d)
-		}
-		c.waiterTTL = d
-		return nil
-	}
+	return func(c *config) error { return setAtLeast(&c.waiterTTL, d, 100*time.Millisecond, "waiter TTL") }
 }
 
 // WithSweepInterval sets how often the Backend deletes rows of locks and
@@ -105,11 +99,15 @@ func WithWaiterTTL(d time.Duration) Option {
 // it is deleted (see "Fences" in the package documentation). Default
 // DefaultSweepInterval (30s). Below 10s is an ErrInvalidOption error.
 func WithSweepInterval(d time.Duration) Option {
-	return func(c *config) error {
-		if d < 10*time.Second {
-			return fmt.Errorf("pglock: %w: sweep interval %v is below 10s", dlock.ErrInvalidOption, d)
-		}
-		c.sweep = d
-		return nil
+	return func(c *config) error { return setAtLeast(&c.sweep, d, 10*time.Second, "sweep interval") }
+}
+
+// setAtLeast sets *field to d and returns nil, or returns an
+// ErrInvalidOption error naming what when d is below floor.
+func setAtLeast(field *time.Duration, d, floor time.Duration, what string) error {
+	if d < floor {
+		return fmt.Errorf("pglock: %w: %s %v is below %v", dlock.ErrInvalidOption, what, d, floor)
 	}
+	*field = d
+	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -41,6 +42,7 @@ type Backend struct {
 
 	lis   *listener // nil with WithoutListen
 	freed freedKeys
+	tries int // runs of a statement whose connection broke: the pool's size + 1
 }
 
 // maxFreed bounds the keys a freedKeys remembers.
@@ -99,6 +101,7 @@ func New(pool *pgxpool.Pool, opts ...Option) *Backend {
 		b.err = fmt.Errorf("pglock: %w: nil pool", dlock.ErrInvalidOption)
 		return b
 	}
+	b.tries = int(pool.Config().MaxConns) + 1
 	for _, o := range opts {
 		if o == nil {
 			b.err = fmt.Errorf("pglock: %w: nil Option", dlock.ErrInvalidOption)
@@ -151,13 +154,29 @@ func checkTTL(ttl time.Duration) error {
 	return nil
 }
 
-// retryable reports whether err, from a statement run under ctx, is a
-// failure of the connection (not an error the server reported, not the
-// context ending): after a server restart every pooled connection fails
-// once. Callers retry once where repeating the statement is safe.
+// retryable reports whether err, from a statement run under ctx, is the
+// failure of a pooled connection: not an error the server reported, not
+// the context ending, not a failed dial (the server is unreachable).
 func retryable(ctx context.Context, err error) bool {
-	var pe *pgconn.PgError
-	return err != nil && ctx.Err() == nil && !errors.Is(err, pgx.ErrNoRows) && !errors.As(err, &pe)
+	var (
+		pe *pgconn.PgError
+		ce *pgconn.ConnectError
+	)
+	return err != nil && ctx.Err() == nil && !errors.Is(err, pgx.ErrNoRows) && !errors.As(err, &pe) && !errors.As(err, &ce)
+}
+
+// retry runs op, and again while it fails with a broken connection
+// (retryable), at most b.tries times in all; it returns op's last error.
+// After a server restart every idle connection of the pool fails once
+// and the pool discards it, so one run more than the pool holds
+// connections reaches a new one. Callers use it where repeating op is
+// safe.
+func (b *Backend) retry(ctx context.Context, op func() error) error {
+	err := op()
+	for i := 1; i < b.tries && retryable(ctx, err); i++ {
+		err = op()
+	}
+	return err
 }
 
 func b2i(b bool) int {
@@ -209,13 +228,21 @@ func (b *Backend) TryAcquire(ctx context.Context, r dlock.Request) (dlock.Grant,
 		}
 		return run(stmt)
 	}
-	err := acquire()
-	if retryable(ctx, err) && !r.Reentrant {
-		// The attempt may have been granted before the connection
-		// failed: give that grant back (the token is this attempt's own),
-		// then try again.
-		b.abandon(ctx, r)
-		err = acquire()
+	var err error
+	if r.Reentrant {
+		err = acquire() // a re-entry whose reply was lost may have counted
+	} else {
+		tried := false
+		err = b.retry(ctx, func() error {
+			if tried {
+				// The last try may have been granted before its
+				// connection failed: give that grant back (the token is
+				// this attempt's own), then try again.
+				b.abandon(ctx, r)
+			}
+			tried = true
+			return acquire()
+		})
 	}
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
@@ -243,8 +270,9 @@ const abandonTimeout = time.Second
 func (b *Backend) abandon(ctx context.Context, r dlock.Request) {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abandonTimeout)
 	defer cancel()
-	r.Fence = 0
-	_ = b.pool.QueryRow(cctx, b.stmts.release[0], r.Key, r.Token, int64(0)).Scan(nil)
+	_ = b.retry(cctx, func() error {
+		return b.pool.QueryRow(cctx, b.stmts.release[0], r.Key, r.Token, int64(0)).Scan(nil)
+	})
 }
 
 // Refresh sets the lock's deadline to max(deadline, now + r.TTL) if
@@ -257,13 +285,11 @@ func (b *Backend) Refresh(ctx context.Context, r dlock.Request) error {
 	if err := checkTTL(r.TTL); err != nil {
 		return err
 	}
-	refresh := func() (pgconn.CommandTag, error) {
-		return b.pool.Exec(ctx, b.stmts.refresh[b2i(r.Fence != 0)], r.Key, r.Token, int64(r.Fence), r.TTL.Microseconds())
-	}
-	tag, err := refresh()
-	if retryable(ctx, err) { // setting the deadline to max(D, now + TTL) twice is once
-		tag, err = refresh()
-	}
+	var tag pgconn.CommandTag
+	err := b.retry(ctx, func() (err error) { // setting the deadline to max(D, now + TTL) twice is once
+		tag, err = b.pool.Exec(ctx, b.stmts.refresh[b2i(r.Fence != 0)], r.Key, r.Token, int64(r.Fence), r.TTL.Microseconds())
+		return err
+	})
 	if err != nil {
 		return wrap("refresh", err)
 	}
@@ -278,13 +304,10 @@ func (b *Backend) Refresh(ctx context.Context, r dlock.Request) error {
 // one entry per request: nil, an error matching dlock.ErrNotHeld, or the
 // statement's error.
 func (b *Backend) RefreshMany(ctx context.Context, rs []dlock.Request) []error {
-	errs := make([]error, len(rs))
 	if err := b.enter(ctx); err != nil {
-		for i := range errs {
-			errs[i] = err
-		}
-		return errs
+		return slices.Repeat([]error{err}, len(rs))
 	}
+	errs := make([]error, len(rs))
 	var (
 		keys, tokens []string
 		fences, ttls []int64
@@ -307,17 +330,14 @@ func (b *Backend) RefreshMany(ctx context.Context, rs []dlock.Request) []error {
 		index = append(index, i)
 	}
 	if len(index) > 0 {
-		refresh := func() ([]int64, error) {
+		var held []int64
+		err := b.retry(ctx, func() error {
 			rows, err := b.pool.Query(ctx, b.stmts.refreshMany, keys, tokens, fences, ttls)
-			if err != nil {
-				return nil, err
+			if err == nil {
+				held, err = pgx.CollectRows(rows, pgx.RowTo[int64])
 			}
-			return pgx.CollectRows(rows, pgx.RowTo[int64])
-		}
-		held, err := refresh()
-		if retryable(ctx, err) {
-			held, err = refresh()
-		}
+			return err
+		})
 		if err != nil {
 			for _, i := range index {
 				errs[i] = wrap("refresh", err)
@@ -354,12 +374,13 @@ func (b *Backend) Release(ctx context.Context, r dlock.Request) error {
 	release := func() error {
 		return b.pool.QueryRow(ctx, b.stmts.release[b2i(r.Fence != 0)], r.Key, r.Token, int64(r.Fence)).Scan(&state)
 	}
-	err := release()
-	if retryable(ctx, err) && !r.Reentrant {
+	var err error
+	if r.Reentrant {
+		err = release() // not repeated: a reentrant count could drop twice
+	} else {
 		// A token of its own holds once: repeating the release can only
-		// find the lock already freed by the first attempt (ErrNotHeld).
-		// A reentrant count is not retried: it could drop twice.
-		err = release()
+		// find the lock already freed by an earlier run (ErrNotHeld).
+		err = b.retry(ctx, release)
 	}
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
@@ -387,13 +408,9 @@ func (b *Backend) Inspect(ctx context.Context, key string) (dlock.Info, error) {
 		remain  *int64
 		waiters int64
 	)
-	inspect := func() error {
+	err := b.retry(ctx, func() error {
 		return b.pool.QueryRow(ctx, b.stmts.inspect, key).Scan(&token, &fence, &count, &remain, &waiters)
-	}
-	err := inspect()
-	if retryable(ctx, err) {
-		err = inspect()
-	}
+	})
 	if err != nil {
 		return dlock.Info{}, wrap("inspect", err)
 	}

@@ -3,6 +3,7 @@ package pglock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -12,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dlock-go/dlock"
-	"github.com/dlock-go/dlock/dlocktest"
+	"github.com/dlock-go/dlock/internal/locktest"
 	"github.com/dlock-go/dlock/pglock"
 )
 
@@ -28,7 +29,7 @@ var _ interface {
 // exec runs sql as the superuser.
 func exec(t *testing.T, sql string, args ...any) {
 	t.Helper()
-	if _, err := newPool(t).Exec(ctxT(t, 10*time.Second), sql, args...); err != nil {
+	if _, err := newPool(t).Exec(locktest.Ctx(t, 10*time.Second), sql, args...); err != nil {
 		t.Fatalf("%s: %v", sql, err)
 	}
 }
@@ -46,28 +47,25 @@ func poolAs(t *testing.T, role string) *pgxpool.Pool {
 
 func tryAcquire(t *testing.T, b *pglock.Backend, r dlock.Request) (dlock.Grant, error) {
 	t.Helper()
-	return b.TryAcquire(ctxT(t, 10*time.Second), r)
+	return b.TryAcquire(locktest.Ctx(t, 10*time.Second), r)
 }
 
 // A schema of the same name that pglock did not create, or whose tables
 // changed shape, is refused with ErrWrongType and left untouched.
 func TestSchemaNotOurs(t *testing.T) {
 	exec(t, "CREATE SCHEMA app_foreign; CREATE TABLE app_foreign.locks (key text)")
-	b := pglock.New(newPool(t), pglock.WithSchema("app_foreign"))
-	defer b.Close()
+	b := newBackend(t, pglock.WithSchema("app_foreign"))
 	_, err := tryAcquire(t, b, dlock.Request{Key: "k", Token: "t", TTL: time.Second})
 	if !errors.Is(err, dlock.ErrWrongType) || !strings.Contains(err.Error(), "not created by pglock") {
 		t.Fatalf("TryAcquire on a foreign schema: got %v, want ErrWrongType naming the schema", err)
 	}
 
-	b2 := pglock.New(newPool(t), pglock.WithSchema("altered"))
-	defer b2.Close()
+	b2 := newBackend(t, pglock.WithSchema("altered"))
 	if _, err := tryAcquire(t, b2, dlock.Request{Key: "k", Token: "t", TTL: time.Second}); err != nil {
 		t.Fatalf("TryAcquire on a new schema: %v", err)
 	}
 	exec(t, "ALTER TABLE altered.locks ADD COLUMN note text")
-	b3 := pglock.New(newPool(t), pglock.WithSchema("altered"))
-	defer b3.Close()
+	b3 := newBackend(t, pglock.WithSchema("altered"))
 	_, err = tryAcquire(t, b3, dlock.Request{Key: "k2", Token: "t", TTL: time.Second})
 	if !errors.Is(err, dlock.ErrWrongType) || !strings.Contains(err.Error(), "note text") {
 		t.Fatalf("TryAcquire on an altered schema: got %v, want ErrWrongType showing the extra column", err)
@@ -77,15 +75,10 @@ func TestSchemaNotOurs(t *testing.T) {
 // A schema made by the first release (no wake_until, no wake function) is
 // upgraded in place, and a lock held in it stays held.
 func TestSchemaUpgrade(t *testing.T) {
-	b := pglock.New(newPool(t), pglock.WithSchema("old_release"))
-	defer b.Close()
-	g, err := tryAcquire(t, b, dlock.Request{Key: "k", Token: "t", TTL: time.Minute})
-	if err != nil || !g.OK {
-		t.Fatalf("TryAcquire: %+v, %v", g, err)
-	}
+	b := newBackend(t, pglock.WithSchema("old_release"))
+	g := granted(t, locktest.Ctx(t, 10*time.Second), b, dlock.Request{Key: "k", Token: "t", TTL: time.Minute})
 	exec(t, "ALTER TABLE old_release.locks DROP COLUMN wake_until; DROP FUNCTION old_release.wake(text)")
-	b2 := pglock.New(newPool(t), pglock.WithSchema("old_release"))
-	defer b2.Close()
+	b2 := newBackend(t, pglock.WithSchema("old_release"))
 	g2, err := tryAcquire(t, b2, dlock.Request{Key: "k", Token: "t2", TTL: time.Second})
 	if err != nil {
 		t.Fatalf("TryAcquire on a first-release schema: %v", err)
@@ -102,27 +95,23 @@ func TestSchemaUpgrade(t *testing.T) {
 // an error saying so.
 func TestPrivileges(t *testing.T) {
 	exec(t, "CREATE ROLE weak LOGIN")
-	b := pglock.New(poolAs(t, "weak"), pglock.WithSchema("weak_new"))
-	defer b.Close()
+	b := locktest.Closing(t, pglock.New(poolAs(t, "weak"), pglock.WithSchema("weak_new")))
 	_, err := tryAcquire(t, b, dlock.Request{Key: "k", Token: "t", TTL: time.Second})
 	if err == nil || !strings.Contains(err.Error(), "may not create schema") {
 		t.Fatalf("TryAcquire by a role without CREATE: got %v, want an error about creating the schema", err)
 	}
-	own := pglock.New(newPool(t), pglock.WithSchema("weak_existing"))
-	defer own.Close()
+	own := newBackend(t, pglock.WithSchema("weak_existing"))
 	if _, err := tryAcquire(t, own, dlock.Request{Key: "k", Token: "t", TTL: time.Second}); err != nil {
 		t.Fatal(err)
 	}
-	b2 := pglock.New(poolAs(t, "weak"), pglock.WithSchema("weak_existing"))
-	defer b2.Close()
+	b2 := locktest.Closing(t, pglock.New(poolAs(t, "weak"), pglock.WithSchema("weak_existing")))
 	_, err = tryAcquire(t, b2, dlock.Request{Key: "k", Token: "t", TTL: time.Second})
 	if err == nil || !strings.Contains(err.Error(), `role "weak" lacks privileges`) {
 		t.Fatalf("TryAcquire by a role without privileges: got %v, want an error naming the role", err)
 	}
 	exec(t, "GRANT USAGE ON SCHEMA weak_existing TO weak; GRANT USAGE ON SEQUENCE weak_existing.fence TO weak; "+
 		"GRANT SELECT, INSERT, UPDATE, DELETE ON weak_existing.locks, weak_existing.waiters TO weak")
-	b3 := pglock.New(poolAs(t, "weak"), pglock.WithSchema("weak_existing"))
-	defer b3.Close()
+	b3 := locktest.Closing(t, pglock.New(poolAs(t, "weak"), pglock.WithSchema("weak_existing")))
 	if _, err := tryAcquire(t, b3, dlock.Request{Key: "k2", Token: "t", TTL: time.Second}); err != nil {
 		t.Fatalf("TryAcquire after the grants: %v", err)
 	}
@@ -131,15 +120,11 @@ func TestPrivileges(t *testing.T) {
 // Deadlines never move back; refresh and release compare token and fence;
 // a non-reentrant attempt by the holder's token is refused.
 func TestLeaseModel(t *testing.T) {
-	b := pglock.New(newPool(t))
-	defer b.Close()
-	ctx := ctxT(t, 10*time.Second)
-	key := dlocktest.Key(t)
+	b := newBackend(t)
+	ctx := locktest.Ctx(t, 10*time.Second)
+	key := locktest.Key(t)
 	r := dlock.Request{Key: key, Token: "a", TTL: 5 * time.Second, Reentrant: true}
-	g, err := b.TryAcquire(ctx, r)
-	if err != nil || !g.OK {
-		t.Fatalf("TryAcquire: %+v, %v", g, err)
-	}
+	g := granted(t, ctx, b, r)
 	r.Fence = g.Fence
 	remaining := func() time.Duration {
 		info, err := b.Inspect(ctx, key)
@@ -227,13 +212,10 @@ func (a *attempts) Observe(ctx context.Context, e dlock.Event) context.Context {
 // after subscribing), and the lock goes round in arrival order.
 func TestOneWaiterWokenPerRelease(t *testing.T) {
 	const n = 4
-	key := dlocktest.Key(t)
-	ctx := ctxT(t, time.Minute)
+	key := locktest.Key(t)
+	ctx := locktest.Ctx(t, time.Minute)
 	holderC, _ := newClient(t, dlock.WithTTL(30*time.Second))
-	holder, err := holderC.Acquire(ctx, key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	holder := locktest.MustAcquire(t, ctx, holderC, key)
 	var (
 		counters [n]attempts
 		order    []int
@@ -259,16 +241,13 @@ func TestOneWaiterWokenPerRelease(t *testing.T) {
 		}()
 		// Queue them in order: wait until this one has subscribed and
 		// retried.
-		for {
+		locktest.WaitFor(t, 30*time.Second, fmt.Sprintf("waiter %d queued", i), func() bool {
 			info, err := b.Inspect(ctx, key)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if info.Waiters == i+1 && counters[i].n.Load() == 2 {
-				break
-			}
-			time.Sleep(time.Millisecond)
-		}
+			return info.Waiters == i+1 && counters[i].n.Load() == 2
+		})
 	}
 	if err := holder.Release(ctx); err != nil {
 		t.Fatal(err)
@@ -289,8 +268,8 @@ func TestOneWaiterWokenPerRelease(t *testing.T) {
 // Guard holds off a takeover until the guarded transaction ends, and
 // refuses a lease whose lock was taken over.
 func TestGuard(t *testing.T) {
-	key := dlocktest.Key(t)
-	ctx := ctxT(t, time.Minute)
+	key := locktest.Key(t)
+	ctx := locktest.Ctx(t, time.Minute)
 	pool := newPool(t)
 	b := pglock.New(pool)
 	c := dlock.New(b, dlock.WithTTL(500*time.Millisecond), dlock.WithAutoRenew(false))
@@ -304,10 +283,7 @@ func TestGuard(t *testing.T) {
 	if err := warm.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	old, err := c.Acquire(ctx, key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	old := locktest.MustAcquire(t, ctx, c, key)
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -316,6 +292,10 @@ func TestGuard(t *testing.T) {
 		t.Fatalf("Guard of a held lease: %v", err)
 	}
 	<-old.Done() // expired on the client side, and soon on the server
+	var txPID uint32
+	if err := tx.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&txPID); err != nil {
+		t.Fatal(err)
+	}
 	other, _ := newClient(t)
 	var committed atomic.Bool
 	got := make(chan *dlock.Lease, 1)
@@ -329,7 +309,19 @@ func TestGuard(t *testing.T) {
 		}
 		got <- l
 	}()
-	time.Sleep(300 * time.Millisecond) // the server's deadline has passed too
+	// Commit once the server's deadline has passed too and the takeover
+	// waits for the guarded transaction.
+	admin := newPool(t)
+	locktest.WaitFor(t, 30*time.Second, "a takeover attempt blocked by the guarded transaction after the deadline", func() bool {
+		var blocked int
+		err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+  WHERE $1::int = ANY(pg_blocking_pids(pid)) AND NOT EXISTS (SELECT 1 FROM dlock.locks WHERE key = $2 AND expires > now())`,
+			int64(txPID), key).Scan(&blocked)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return blocked > 0
+	})
 	committed.Store(true)
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
@@ -349,66 +341,84 @@ func TestGuard(t *testing.T) {
 	}
 }
 
-// A server restart keeps the locks (the table is durable) and the
-// listener reconnects: a waiter that subscribed before the restart is
-// woken by a release after it.
+// A server restart keeps the locks (the table is durable), the pools
+// replace their broken connections within a call, and the listener
+// reconnects: a waiter that subscribed before the restart is woken by a
+// release after it.
 func TestRestart(t *testing.T) {
-	key := dlocktest.Key(t)
-	ctx := ctxT(t, time.Minute)
+	key := locktest.Key(t)
+	ctx := locktest.Ctx(t, time.Minute)
 	holderC, _ := newClient(t, dlock.WithTTL(20*time.Second))
-	holder, err := holderC.Acquire(ctx, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	waiterC, wb := newClient(t, dlock.WithTTL(20*time.Second), dlock.WithWait(dlock.Constant(time.Minute)))
-	got := make(chan error, 1)
-	go func() {
-		l, err := waiterC.Acquire(ctx, key)
-		if err == nil {
-			if l.Fence() <= holder.Fence() {
-				err = errors.New("fence did not increase across the restart")
-			}
-			l.Release(ctx)
-		}
-		got <- err
-	}()
-	for {
-		info, err := wb.Inspect(ctx, key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if info.Waiters == 1 {
-			break
-		}
-		time.Sleep(time.Millisecond)
-	}
+	holder := locktest.MustAcquire(t, ctx, holderC, key)
+	// The waiter must be parked in its wait when the server goes down:
+	// an attempt made during the outage fails, as it should.
+	waitOpt, waiting := locktest.Waiting()
+	waiterC, wb := newClient(t, dlock.WithTTL(20*time.Second), dlock.WithWait(dlock.Constant(time.Minute)), waitOpt)
+	got := locktest.Go(func() (*dlock.Lease, error) { return waiterC.Acquire(ctx, key) })
+	parked(t, waiting, got)
 	if err := srv.Restart(); err != nil {
 		t.Fatal(err)
 	}
 	info, err := wb.Inspect(ctx, key)
-	for err != nil && ctx.Err() == nil { // the pool reconnects
-		time.Sleep(10 * time.Millisecond)
-		info, err = wb.Inspect(ctx, key)
-	}
-	if !info.Held || info.Owner != holder.Owner() {
-		t.Fatalf("after restart: got %+v, want held by the holder", info)
+	if err != nil || !info.Held || info.Owner != holder.Owner() {
+		t.Fatalf("Inspect after restart: got %+v, %v; want held by the holder", info, err)
 	}
 	// Release once the listener is back (its heartbeat renewed the row).
-	for {
+	locktest.WaitFor(t, 30*time.Second, "the waiter's row live after the restart", func() bool {
 		info, err := wb.Inspect(ctx, key)
-		if err == nil && info.Waiters == 1 {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return err == nil && info.Waiters == 1
+	})
 	released := time.Now()
 	if err := holder.Release(ctx); err != nil {
 		t.Fatalf("Release after restart: %v", err)
 	}
-	if err := <-got; err != nil {
-		t.Fatalf("waiter: %v", err)
-	}
+	l := locktest.Granted(t, got, 30*time.Second) // the holder's TTL (20s) bounds a lost wake-up
 	t.Logf("waiter acquired %v after the release", time.Since(released))
+	defer l.Release(ctx)
+	if l.Fence() <= holder.Fence() {
+		t.Fatalf("fence after the restart: got %d, want above %d", l.Fence(), holder.Fence())
+	}
+}
+
+// After a restart every idle connection of the pool is broken: a call
+// runs its statement again until it reaches a new connection, however
+// many broken ones the pool holds (here all of them, none checked by the
+// pool before use).
+func TestRestartBrokenPool(t *testing.T) {
+	ctx := locktest.Ctx(t, time.Minute)
+	cfg, err := pgxpool.ParseConfig(srv.DSN() + "&pool_max_conns=4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	b := pglock.New(pool, pglock.WithoutListen())
+	defer b.Close()
+	r := dlock.Request{Key: locktest.Key(t), Token: "t", TTL: time.Minute}
+	g := granted(t, ctx, b, r)
+	r.Fence = g.Fence
+	conns := make([]*pgxpool.Conn, cfg.MaxConns)
+	for i := range conns {
+		if conns[i], err = pool.Acquire(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range conns {
+		c.Release()
+	}
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	if info, err := b.Inspect(ctx, r.Key); err != nil || !info.Held || info.Fence != g.Fence {
+		t.Fatalf("Inspect after restart: got %+v, %v; want the lock held with fence %d", info, err, g.Fence)
+	}
+	if err := b.Release(ctx, r); err != nil {
+		t.Fatalf("Release after restart: %v", err)
+	}
 }
 
 // Invalid options are recorded by New and returned by every call.
@@ -428,7 +438,7 @@ func TestOptions(t *testing.T) {
 			if err := tc.b.Err(); !errors.Is(err, dlock.ErrInvalidOption) || !strings.HasPrefix(err.Error(), "pglock: ") {
 				t.Fatalf("Err: got %v, want a pglock error matching ErrInvalidOption", err)
 			}
-			_, err := tc.b.TryAcquire(ctxT(t, time.Second), dlock.Request{Key: "k", Token: "t", TTL: time.Second})
+			_, err := tc.b.TryAcquire(locktest.Ctx(t, time.Second), dlock.Request{Key: "k", Token: "t", TTL: time.Second})
 			if !errors.Is(err, dlock.ErrInvalidOption) {
 				t.Fatalf("TryAcquire: got %v, want ErrInvalidOption", err)
 			}
@@ -439,78 +449,48 @@ func TestOptions(t *testing.T) {
 // Without notifications Subscribe is unsupported and a waiter still gets
 // the lock after a release, by the holder's TTL or its wait strategy.
 func TestWithoutListen(t *testing.T) {
-	key := dlocktest.Key(t)
-	ctx := ctxT(t, time.Minute)
+	key := locktest.Key(t)
+	ctx := locktest.Ctx(t, time.Minute)
 	b := pglock.New(newPool(t), pglock.WithoutListen())
 	if _, _, err := b.Subscribe(ctx, key); !errors.Is(err, errors.ErrUnsupported) {
 		t.Fatalf("Subscribe: got %v, want ErrUnsupported", err)
 	}
-	c := dlock.New(b, dlock.WithTTL(ttl), dlock.WithWait(dlock.Constant(20*time.Millisecond)))
+	waitOpt, waiting := locktest.Waiting()
+	c := dlock.New(b, dlock.WithTTL(ttl), dlock.WithWait(dlock.Constant(20*time.Millisecond)), waitOpt)
 	defer c.Close()
-	holder, err := c.Acquire(ctx, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := make(chan error, 1)
-	go func() {
-		l, err := c.Acquire(ctx, key)
-		if err == nil {
-			l.Release(ctx)
-		}
-		got <- err
-	}()
-	time.Sleep(50 * time.Millisecond)
+	holder := locktest.MustAcquire(t, ctx, c, key)
+	got := locktest.Go(func() (*dlock.Lease, error) { return c.Acquire(ctx, key) })
+	parked(t, waiting, got)
 	holder.Release(ctx)
-	if err := <-got; err != nil {
-		t.Fatalf("waiter without notifications: %v", err)
-	}
+	locktest.Granted(t, got, 30*time.Second).Release(ctx)
 }
 
 // A waiter row no listener renews (its process died) stops being chosen
 // once its waiter TTL has passed: the release wakes the live waiter
 // behind it.
 func TestDeadWaiterSkipped(t *testing.T) {
-	key := dlocktest.Key(t)
-	ctx := ctxT(t, time.Minute)
+	key := locktest.Key(t)
+	ctx := locktest.Ctx(t, time.Minute)
 	holderC, _ := newClient(t, dlock.WithTTL(30*time.Second))
-	holder, err := holderC.Acquire(ctx, key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	holder := locktest.MustAcquire(t, ctx, holderC, key)
 	// The row of a waiter whose process died a moment ago: older than any
 	// live waiter, no listener behind its channel, expiring soon.
 	exec(t, `INSERT INTO dlock.waiters (key, channel, tag, expires) VALUES ($1, 'dlock_gone', $2, now() + interval '100 milliseconds')`, key, time.Now().UnixNano())
 	c, _ := newClient(t, dlock.WithTTL(30*time.Second), dlock.WithWait(dlock.Constant(time.Minute)))
-	got := make(chan error, 1)
-	go func() {
-		l, err := c.Acquire(ctx, key)
-		if err == nil {
-			l.Release(ctx)
-		}
-		got <- err
-	}()
+	got := locktest.Go(func() (*dlock.Lease, error) { return c.Acquire(ctx, key) })
 	pool := newPool(t)
-	for { // the live waiter is queued and the dead row has expired
+	locktest.WaitFor(t, 30*time.Second, "the live waiter queued and the dead row expired", func() bool {
 		var live, all int
 		if err := pool.QueryRow(ctx, "SELECT count(*) FILTER (WHERE expires > now()), count(*) FROM dlock.waiters WHERE key = $1", key).Scan(&live, &all); err != nil {
 			t.Fatal(err)
 		}
-		if live == 1 && all == 2 {
-			break
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return live == 1 && all == 2
+	})
 	if err := holder.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case err := <-got:
-		if err != nil {
-			t.Fatalf("live waiter: %v", err)
-		}
-	case <-time.After(10 * time.Second): // far below the holder's 30s TTL and the 1min strategy
-		t.Fatal("live waiter behind a dead one not woken by the release")
-	}
+	// 10s: far below the holder's 30s TTL and the 1min strategy.
+	locktest.Granted(t, got, 10*time.Second).Release(ctx)
 }
 
 // A Backend retries a key it freed last with an UPDATE of the free row
@@ -519,19 +499,14 @@ func TestDeadWaiterSkipped(t *testing.T) {
 // deleted since is inserted again, and fences keep increasing across
 // both paths.
 func TestFreedKeyTakenOrDeleted(t *testing.T) {
-	a := pglock.New(newPool(t))
-	defer a.Close()
-	other := pglock.New(newPool(t))
-	defer other.Close()
-	key := dlocktest.Key(t)
+	a := newBackend(t)
+	other := newBackend(t)
+	key := locktest.Key(t)
 	var last uint64
 	grant := func(b *pglock.Backend, token string) dlock.Request {
 		t.Helper()
 		r := dlock.Request{Key: key, Token: token, TTL: 5 * time.Second}
-		g, err := tryAcquire(t, b, r)
-		if err != nil || !g.OK {
-			t.Fatalf("TryAcquire(%s): got %+v, %v; want granted", token, g, err)
-		}
+		g := granted(t, locktest.Ctx(t, 10*time.Second), b, r)
 		if g.Fence <= last {
 			t.Fatalf("TryAcquire(%s): got fence %d, want above %d", token, g.Fence, last)
 		}
@@ -540,7 +515,7 @@ func TestFreedKeyTakenOrDeleted(t *testing.T) {
 	}
 	release := func(b *pglock.Backend, r dlock.Request) {
 		t.Helper()
-		if err := b.Release(ctxT(t, 10*time.Second), r); err != nil {
+		if err := b.Release(locktest.Ctx(t, 10*time.Second), r); err != nil {
 			t.Fatalf("Release(%s): %v", r.Token, err)
 		}
 	}

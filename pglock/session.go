@@ -78,7 +78,8 @@ func (s *SessionBackend) MinTTL() time.Duration { return MinTTL }
 // own: pg_try_advisory_lock, then, if the key's row is free, the row
 // taken with a fence drawn from the sequence and expires now() + r.TTL.
 // The holder's token re-enters in this process when r.Reentrant (a
-// session lock cannot be shared with another process). A held lock, or
+// session lock cannot be shared with another process), once a renewal
+// has set the deadline to at least now + r.TTL. A held lock, or
 // the live row of a grant whose session ended without a release, returns
 // Grant{OK: false}, with the row's remaining TTL when a waiter of this
 // SessionBackend is subscribed to r.Key (0, unknown, otherwise).
@@ -91,12 +92,11 @@ func (s *SessionBackend) TryAcquire(ctx context.Context, r dlock.Request) (dlock
 	}
 	s.mu.Lock()
 	if h := s.held[r.Key]; h != nil {
-		defer s.mu.Unlock()
-		if h.token == r.Token && r.Reentrant && h.alive() {
-			h.count++
-			return dlock.Grant{OK: true, Fence: h.fence, Count: h.count}, nil
+		s.mu.Unlock()
+		if h.token != r.Token || !r.Reentrant {
+			return dlock.Grant{}, nil
 		}
-		return dlock.Grant{}, nil
+		return s.reenter(ctx, h, r)
 	}
 	s.mu.Unlock()
 	conn, err := s.b.pool.Acquire(ctx)
@@ -125,6 +125,29 @@ func (s *SessionBackend) TryAcquire(ctx context.Context, r dlock.Request) (dlock
 	s.held[r.Key] = h
 	s.mu.Unlock()
 	return dlock.Grant{OK: true, Fence: h.fence, Count: 1}, nil
+}
+
+// reenter counts one more hold of h for r once a renewal started after
+// the call has set the deadline to at least now + r.TTL, as every grant
+// does. A hold that ended, or whose renewal finds it lost, is not
+// granted; another renewal error is returned.
+func (s *SessionBackend) reenter(ctx context.Context, h *session, r dlock.Request) (dlock.Grant, error) {
+	if !h.alive() {
+		return dlock.Grant{}, nil
+	}
+	if err := h.renew(ctx, s.b.stmts.sessionPing, r.TTL); err != nil {
+		if errors.Is(err, dlock.ErrNotHeld) || !h.alive() {
+			return dlock.Grant{}, nil
+		}
+		return dlock.Grant{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.held[r.Key] != h || !h.alive() {
+		return dlock.Grant{}, nil // released or lost meanwhile
+	}
+	h.count++
+	return dlock.Grant{OK: true, Fence: h.fence, Count: h.count}, nil
 }
 
 // abort cleans up after an attempt that failed on conn: it closes conn,
@@ -181,19 +204,21 @@ func (s *SessionBackend) Refresh(ctx context.Context, r dlock.Request) error {
 	return h.renew(ctx, s.b.stmts.sessionPing, r.TTL)
 }
 
-// renew runs one renewal (or joins the one running) and waits for it or
-// for ctx.
+// renew runs one renewal with a TTL of at least ttl, starting after the
+// call (or joins the one due to start), and waits for it or for ctx.
 func (h *session) renew(ctx context.Context, stmt string, ttl time.Duration) error {
 	h.mu.Lock()
 	if h.dead != nil {
 		h.mu.Unlock()
 		return fmt.Errorf("pglock: refresh: the session ended: %w", h.dead)
 	}
+	// A renewal in flight has not started its statement (it holds h.mu
+	// while running it, and clears inflight first): it renews to h.ttl.
+	h.ttl = max(h.ttl, ttl)
 	done := h.inflight
 	if done == nil {
 		done = make(chan struct{})
 		h.inflight = done
-		h.ttl = max(h.ttl, ttl)
 		deadline := h.lastOK.Add(h.ttl)
 		go h.ping(stmt, deadline, done)
 	}

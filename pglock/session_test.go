@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock"
-	"github.com/dlock-go/dlock/dlocktest"
+	"github.com/dlock-go/dlock/internal/locktest"
 	"github.com/dlock-go/dlock/pglock"
 )
 
@@ -20,49 +20,21 @@ var _ interface {
 	dlock.TTLFloor
 } = (*pglock.SessionBackend)(nil)
 
-// The session mode is not SessionBound: a lock that is not renewed ends
-// at its TTL (the server ends the idle session, the row's deadline
-// passes), so the suite's expiry cases run too.
-func TestSessionConformance(t *testing.T) {
-	dlocktest.Run(t, dlocktest.Harness{
-		NewBackend: func(t *testing.T) dlock.Backend {
-			pool := newPool(t)
-			return closingSession{pglock.NewSession(pool), pool}
-		},
-		TTL: ttl,
-		Outage: func(t *testing.T) func() {
-			t.Helper()
-			if err := srv.Pause(); err != nil {
-				t.Fatalf("pause postgres: %v", err)
-			}
-			return func() {
-				if err := srv.Resume(); err != nil {
-					t.Errorf("resume postgres: %v", err)
-				}
-			}
-		},
-	})
-}
-
 // A session terminated by the server frees the lock at once and the
 // holder learns it through the loss signal at its next renewal.
 func TestSessionTerminated(t *testing.T) {
-	key := dlocktest.Key(t)
-	ctx := ctxT(t, time.Minute)
+	key := locktest.Key(t)
+	ctx := locktest.Ctx(t, time.Minute)
 	c := dlock.New(pglock.NewSession(newPool(t)), dlock.WithTTL(ttl))
 	defer c.Close()
-	l, err := c.Acquire(ctx, key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := locktest.MustAcquire(t, ctx, c, key)
 	other := dlock.New(pglock.NewSession(newPool(t)), dlock.WithTTL(ttl))
 	defer other.Close()
 	if _, err := other.TryAcquire(ctx, key); !errors.Is(err, dlock.ErrNotAcquired) {
 		t.Fatalf("TryAcquire of a held lock: got %v, want ErrNotAcquired", err)
 	}
 	// The administrator ends the holder's session.
-	admin := pglock.NewSession(newPool(t))
-	defer admin.Close()
+	admin := newSession(t)
 	info, err := admin.ForceRelease(ctx, key)
 	if err != nil || !info.Held {
 		t.Fatalf("ForceRelease: got %+v, %v; want the held lock", info, err)
@@ -88,14 +60,11 @@ func TestSessionTerminated(t *testing.T) {
 // A holder that stops renewing loses the lock with its session: the
 // server ends a session idle for the lease's TTL.
 func TestSessionIdleTimeout(t *testing.T) {
-	key := dlocktest.Key(t)
-	ctx := ctxT(t, time.Minute)
+	key := locktest.Key(t)
+	ctx := locktest.Ctx(t, time.Minute)
 	c := dlock.New(pglock.NewSession(newPool(t)), dlock.WithTTL(ttl), dlock.WithAutoRenew(false))
 	defer c.Close()
-	l, err := c.Acquire(ctx, key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := locktest.MustAcquire(t, ctx, c, key)
 	other := dlock.New(pglock.NewSession(newPool(t)), dlock.WithTTL(ttl), dlock.WithWait(dlock.Constant(20*time.Millisecond)))
 	defer other.Close()
 	l2, err := other.Acquire(ctx, key)
@@ -113,14 +82,10 @@ func TestSessionIdleTimeout(t *testing.T) {
 
 // Refresh checks the session; Release unlocks once, then ErrNotHeld.
 func TestSessionRefreshRelease(t *testing.T) {
-	b := pglock.NewSession(newPool(t))
-	defer b.Close()
-	ctx := ctxT(t, time.Minute)
-	r := dlock.Request{Key: dlocktest.Key(t), Token: "t", TTL: time.Second}
-	g, err := b.TryAcquire(ctx, r)
-	if err != nil || !g.OK {
-		t.Fatalf("TryAcquire: %+v, %v", g, err)
-	}
+	b := newSession(t)
+	ctx := locktest.Ctx(t, time.Minute)
+	r := dlock.Request{Key: locktest.Key(t), Token: "t", TTL: time.Second}
+	g := granted(t, ctx, b, r)
 	r.Fence = g.Fence
 	if err := b.Refresh(ctx, r); err != nil {
 		t.Fatalf("Refresh on a session: %v", err)
@@ -133,22 +98,46 @@ func TestSessionRefreshRelease(t *testing.T) {
 	}
 }
 
+// A re-entry sets the deadline to at least now + its TTL, as every grant
+// does; one with a shorter TTL does not shorten it.
+func TestSessionReentryDeadline(t *testing.T) {
+	s := newSession(t)
+	ctx := locktest.Ctx(t, time.Minute)
+	r := dlock.Request{Key: locktest.Key(t), Token: "a", TTL: time.Second, Reentrant: true}
+	granted(t, ctx, s, r)
+	start := time.Now()
+	for i, ttl := range []time.Duration{5 * time.Second, time.Second} {
+		r.TTL = ttl
+		if g := granted(t, ctx, s, r); g.Count != i+2 {
+			t.Fatalf("re-entry with TTL %v: got count %d, want %d", ttl, g.Count, i+2)
+		}
+		info, err := s.Inspect(ctx, r.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.TTL+time.Since(start)+2*time.Millisecond < 5*time.Second {
+			t.Fatalf("after a re-entry with TTL %v: server TTL %v, want at least 5s from before the 5s re-entry (%v ago)", ttl, info.TTL, time.Since(start))
+		}
+	}
+	for range 3 {
+		if err := s.Release(ctx, r); err != nil {
+			t.Fatalf("Release: %v", err)
+		}
+	}
+}
+
 // A hold whose last loss registration stops without a release (the Client
 // gave the lease up, as after a loss) is given up: its session lock is
 // unlocked, and the key can be taken again, also through the same
 // SessionBackend, once the grant's deadline has passed (the holder was
 // not released). A hold that still has a registration stays held.
 func TestSessionGivenUpWhenUnwatched(t *testing.T) {
-	s := pglock.NewSession(newPool(t))
-	defer s.Close()
-	ctx := ctxT(t, 30*time.Second)
-	key := dlocktest.Key(t)
+	s := newSession(t)
+	ctx := locktest.Ctx(t, 30*time.Second)
+	key := locktest.Key(t)
 	r := dlock.Request{Key: key, Token: "a", TTL: 5 * time.Second}
 	start := time.Now()
-	g, err := s.TryAcquire(ctx, r)
-	if err != nil || !g.OK {
-		t.Fatalf("TryAcquire(a): got %+v, %v; want granted", g, err)
-	}
+	g := granted(t, ctx, s, r)
 	r.Fence = g.Fence
 	stop1 := s.NotifyLoss(r, func(error) {})
 	stop2 := s.NotifyLoss(r, func(error) {})
@@ -205,17 +194,12 @@ func terminateHolder(t *testing.T, ctx context.Context, fence uint64) {
 // session ended.
 func TestSessionLockDelay(t *testing.T) {
 	const delayTTL = 2 * time.Second
-	ctx := ctxT(t, time.Minute)
-	holder := pglock.NewSession(newPool(t))
-	defer holder.Close()
-	other := pglock.NewSession(newPool(t))
-	defer other.Close()
-	r := dlock.Request{Key: dlocktest.Key(t), Token: "holder", TTL: delayTTL}
+	ctx := locktest.Ctx(t, time.Minute)
+	holder := newSession(t)
+	other := newSession(t)
+	r := dlock.Request{Key: locktest.Key(t), Token: "holder", TTL: delayTTL}
 	start := time.Now()
-	g, err := holder.TryAcquire(ctx, r)
-	if err != nil || !g.OK {
-		t.Fatalf("TryAcquire(holder): got %+v, %v; want granted", g, err)
-	}
+	g := granted(t, ctx, holder, r)
 	expires := start.Add(delayTTL) // no Lease's Expires is later
 	terminateHolder(t, ctx, g.Fence)
 
@@ -281,16 +265,11 @@ func TestSessionLockDelay(t *testing.T) {
 // A clean release ends the hold at once: another Backend is granted
 // without waiting for the released grant's deadline.
 func TestSessionReleaseNoDelay(t *testing.T) {
-	ctx := ctxT(t, time.Minute)
-	holder := pglock.NewSession(newPool(t))
-	defer holder.Close()
-	other := pglock.NewSession(newPool(t))
-	defer other.Close()
-	r := dlock.Request{Key: dlocktest.Key(t), Token: "holder", TTL: time.Minute}
-	g, err := holder.TryAcquire(ctx, r)
-	if err != nil || !g.OK {
-		t.Fatalf("TryAcquire(holder): got %+v, %v; want granted", g, err)
-	}
+	ctx := locktest.Ctx(t, time.Minute)
+	holder := newSession(t)
+	other := newSession(t)
+	r := dlock.Request{Key: locktest.Key(t), Token: "holder", TTL: time.Minute}
+	g := granted(t, ctx, holder, r)
 	r.Fence = g.Fence
 	if err := holder.Refresh(ctx, r); err != nil {
 		t.Fatalf("Refresh: %v", err)

@@ -8,21 +8,25 @@ import "strings"
 // start of the statement. TTLs are passed in microseconds.
 const (
 	// $1 key, $2 token, $3 TTL µs; {reenter} is whether the holder's token
-	// re-enters (Request.Reentrant). One row: granted, fence, count, 0.
-	// No row: not granted.
+	// re-enters (Request.Reentrant). The grant of sqlAcquire and
+	// sqlAcquireTTL, without its RETURNING list.
 	//
 	// A free row (released or expired) is taken over with a fence drawn
 	// in the SET list, that is after the row is locked: grants of one key
 	// draw their fences in the order they are granted. The fence drawn in
 	// VALUES serves only a key without a row.
-	sqlAcquire = `INSERT INTO {s}.locks AS l (key, token, fence, count, expires)
+	sqlUpsert = `INSERT INTO {s}.locks AS l (key, token, fence, count, expires)
   VALUES ($1, $2, nextval('{s}.fence'), 1, now() + $3::bigint * interval '1 microsecond')
   ON CONFLICT (key) DO UPDATE SET
     token = excluded.token,
     fence = CASE WHEN l.expires > now() THEN l.fence ELSE nextval('{s}.fence') END,
     count = CASE WHEN l.expires > now() THEN l.count + 1 ELSE 1 END,
     expires = CASE WHEN l.expires > now() THEN greatest(l.expires, excluded.expires) ELSE excluded.expires END
-  WHERE l.expires <= now() OR {reenter}
+  WHERE l.expires <= now() OR {reenter}`
+
+	// sqlUpsert reporting one row: granted, fence, count, 0. No row: not
+	// granted.
+	sqlAcquire = sqlUpsert + `
   RETURNING true, l.fence, l.count, 0::bigint`
 
 	// $1 key, $2 token, $3 TTL µs: sqlAcquire for a row that is free
@@ -43,14 +47,7 @@ const (
 	// noticeable share of its time, so it is used only for attempts that
 	// need the answer (see TryAcquire).
 	sqlAcquireTTL = `WITH up AS (
-  INSERT INTO {s}.locks AS l (key, token, fence, count, expires)
-  VALUES ($1, $2, nextval('{s}.fence'), 1, now() + $3::bigint * interval '1 microsecond')
-  ON CONFLICT (key) DO UPDATE SET
-    token = excluded.token,
-    fence = CASE WHEN l.expires > now() THEN l.fence ELSE nextval('{s}.fence') END,
-    count = CASE WHEN l.expires > now() THEN l.count + 1 ELSE 1 END,
-    expires = CASE WHEN l.expires > now() THEN greatest(l.expires, excluded.expires) ELSE excluded.expires END
-  WHERE l.expires <= now() OR {reenter}
+` + sqlUpsert + `
   RETURNING l.fence, l.count
 )
 SELECT true, fence, count, 0::bigint FROM up
