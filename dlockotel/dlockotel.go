@@ -50,11 +50,7 @@ func WithMeterProvider(mp metric.MeterProvider, opts ...Option) dlock.Option {
 	if mp == nil {
 		return failOption(fmt.Errorf("dlockotel: %w: nil MeterProvider", dlock.ErrInvalidOption))
 	}
-	o, err := NewObserver(mp, nil, opts...)
-	if err != nil {
-		return failOption(err)
-	}
-	return o.Option()
+	return observerOption(mp, nil, opts)
 }
 
 // WithTracerProvider makes the Client record the spans documented in the
@@ -68,7 +64,13 @@ func WithTracerProvider(tp trace.TracerProvider, opts ...Option) dlock.Option {
 	if tp == nil {
 		return failOption(fmt.Errorf("dlockotel: %w: nil TracerProvider", dlock.ErrInvalidOption))
 	}
-	o, err := NewObserver(nil, tp, opts...)
+	return observerOption(nil, tp, opts)
+}
+
+// observerOption returns the Option of NewObserver(mp, tp, opts...), or
+// one that fails with NewObserver's error.
+func observerOption(mp metric.MeterProvider, tp trace.TracerProvider, opts []Option) dlock.Option {
+	o, err := NewObserver(mp, tp, opts...)
 	if err != nil {
 		return failOption(err)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/dlockotel"
+	"github.com/dlock-go/dlock/internal/locktest"
 	"github.com/dlock-go/dlock/memlock"
 	"github.com/dlock-go/dlock/redislock"
 )
@@ -95,16 +96,7 @@ func newClient(t *testing.T, h harness, tm *telemetry, opts ...dlock.Option) *dl
 	if tm != nil {
 		all = append(all, otelOptions(h, tm)...)
 	}
-	c := dlock.New(h.newBackend(t), append(all, opts...)...)
-	if err := c.Err(); err != nil {
-		t.Fatalf("dlock.New: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := c.Close(); err != nil {
-			t.Errorf("Client.Close: %v", err)
-		}
-	})
-	return c
+	return locktest.Closing(t, dlock.New(h.newBackend(t), append(all, opts...)...))
 }
 
 func outcome(s string) attribute.KeyValue { return dlockotel.AttrOutcome.String(s) }
@@ -156,10 +148,7 @@ func testAcquireRelease(t *testing.T, h harness) {
 	be := dlockotel.AttrBackend.String(h.name)
 	ctx, parent := tm.tp.Tracer("test").Start(ctxT(t, 10*time.Second), "parent")
 
-	l, err := c.Acquire(ctx, key)
-	if err != nil {
-		t.Fatalf("Acquire: %v", err)
-	}
+	l := locktest.MustAcquire(t, ctx, c, key)
 	wantSum(t, tm, dlockotel.MetricAcquisitions, 1, be, outcome("acquired"))
 	wantCount(t, tm, dlockotel.MetricAcquireDuration, 1, be, outcome("acquired"))
 	wantSum(t, tm, dlockotel.MetricLeasesHeld, 1, be)
@@ -234,32 +223,21 @@ func testContention(t *testing.T, h harness) {
 	be := dlockotel.AttrBackend.String(h.name)
 	ctx := ctxT(t, 10*time.Second)
 
-	hl, err := holder.Acquire(ctx, key)
-	if err != nil {
-		t.Fatalf("holder Acquire: %v", err)
-	}
+	hl := locktest.MustAcquire(t, ctx, holder, key)
 	if _, err := c.TryAcquire(ctx, key); !errors.Is(err, dlock.ErrNotAcquired) {
 		t.Fatalf("TryAcquire of a held lock: got %v, want ErrNotAcquired", err)
 	}
 	wantSum(t, tm, dlockotel.MetricAcquisitions, 1, be, outcome("not_acquired"))
 	wantCount(t, tm, dlockotel.MetricAcquireDuration, 1, be, outcome("not_acquired"))
 
-	type result struct {
-		l   *dlock.Lease
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		l, err := c.Acquire(ctx, key)
-		done <- result{l, err}
-	}()
+	done := locktest.Go(func() (*dlock.Lease, error) { return c.Acquire(ctx, key) })
 	eventually(t, "one waiter", func() bool { return tm.sum(t, dlockotel.MetricWaiters, be) == 1 })
 	if err := hl.Release(ctx); err != nil {
 		t.Fatalf("holder Release: %v", err)
 	}
 	r := <-done
-	if r.err != nil {
-		t.Fatalf("waiting Acquire: %v", r.err)
+	if r.Err != nil {
+		t.Fatalf("waiting Acquire: %v", r.Err)
 	}
 	wantSum(t, tm, dlockotel.MetricWaiters, 0, be)
 	wantSum(t, tm, dlockotel.MetricAcquisitions, 1, be, outcome("acquired"))
@@ -290,7 +268,7 @@ func testContention(t *testing.T, h harness) {
 		t.Fatalf("TryAcquire span events: got %v, want one attempt, not granted, with the holder's TTL", events(ev))
 	}
 
-	wantAttrs(t, waited, outcome("acquired"), dlockotel.AttrFence.Int64(int64(r.l.Fence())))
+	wantAttrs(t, waited, outcome("acquired"), dlockotel.AttrFence.Int64(int64(r.Lease.Fence())))
 	names := strings.Join(eventNames(waited.Events()), ",")
 	if !strings.Contains(names, dlockotel.SpanEventWaitStart) || !strings.HasSuffix(names, dlockotel.SpanEventAttempt+","+dlockotel.SpanEventWaitEnd) {
 		t.Fatalf("waiting Acquire span events: got %s, want attempts, %s, …, a last attempt, %s", names, dlockotel.SpanEventWaitStart, dlockotel.SpanEventWaitEnd)
@@ -356,10 +334,7 @@ func testRenewLoseRelease(t *testing.T, h harness) {
 	be := dlockotel.AttrBackend.String(h.name)
 	ctx := ctxT(t, 10*time.Second)
 
-	l, err := c.Acquire(ctx, key)
-	if err != nil {
-		t.Fatalf("Acquire: %v", err)
-	}
+	l := locktest.MustAcquire(t, ctx, c, key)
 	eventually(t, "two renewals", func() bool { return tm.sum(t, dlockotel.MetricRenewals, be) >= 2 })
 
 	h.lose(t, c.Backend(), key)
@@ -418,14 +393,8 @@ func testReentrant(t *testing.T, h harness) {
 	be := dlockotel.AttrBackend.String(h.name)
 	ctx := ctxT(t, 10*time.Second)
 
-	outer, err := c.Acquire(ctx, key)
-	if err != nil {
-		t.Fatalf("Acquire: %v", err)
-	}
-	inner, err := c.Acquire(ctx, key)
-	if err != nil {
-		t.Fatalf("nested Acquire: %v", err)
-	}
+	outer := locktest.MustAcquire(t, ctx, c, key)
+	inner := locktest.MustAcquire(t, ctx, c, key)
 	wantSum(t, tm, dlockotel.MetricLeasesHeld, 2, be)
 	wantSum(t, tm, dlockotel.MetricAcquisitions, 2, be, outcome("acquired"))
 	for _, l := range []*dlock.Lease{inner, outer} {

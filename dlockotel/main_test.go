@@ -3,7 +3,6 @@ package dlockotel_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -13,38 +12,21 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
-	"go.uber.org/goleak"
 
 	"github.com/dlock-go/dlock/internal/locktest"
+	"github.com/dlock-go/dlock/internal/locktest/testmain"
 	"github.com/dlock-go/dlock/internal/testserver"
 )
 
 // srv is the redis-server shared by the redislock tests and benchmarks.
 var srv *testserver.Redis
 
-// testMain stops the server after the tests and before goleak looks for
-// leaked goroutines (testserver keeps one while servers run).
-type testMain struct{ m *testing.M }
-
-func (tm testMain) Run() int {
-	code := tm.m.Run()
-	if err := srv.Stop(); err != nil {
-		fmt.Fprintln(os.Stderr, "dlockotel tests: stop redis-server:", err)
-		if code == 0 {
-			code = 1
-		}
-	}
-	return code
-}
-
 func TestMain(m *testing.M) {
 	var err error
-	srv, err = testserver.StartRedis(testserver.RedisOptions{})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "dlockotel tests:", err)
-		os.Exit(1)
+	if srv, err = testserver.StartRedis(testserver.RedisOptions{}); err != nil {
+		testmain.Fail("dlockotel", err)
 	}
-	goleak.VerifyTestMain(testMain{m})
+	testmain.Run(m, "dlockotel", srv.Stop)
 }
 
 // telemetry is an in-memory OpenTelemetry pipeline: a ManualReader for
@@ -94,17 +76,28 @@ func (tm *telemetry) metric(t testing.TB, name string) (metricdata.Metrics, bool
 	return metricdata.Metrics{}, false
 }
 
+// metricData returns the data of the metric name, false when it has no
+// points; it fails the test when the data is not a T.
+func metricData[T any](t testing.TB, tm *telemetry, name string) (T, bool) {
+	t.Helper()
+	var data T
+	m, ok := tm.metric(t, name)
+	if !ok {
+		return data, false
+	}
+	if data, ok = m.Data.(T); !ok {
+		t.Fatalf("%s: got data %T, want %T", name, m.Data, data)
+	}
+	return data, true
+}
+
 // sum returns the value of the counter or up-down counter name at the
 // point with exactly attrs (0 when there is none).
 func (tm *telemetry) sum(t testing.TB, name string, attrs ...attribute.KeyValue) int64 {
 	t.Helper()
-	m, ok := tm.metric(t, name)
+	data, ok := metricData[metricdata.Sum[int64]](t, tm, name)
 	if !ok {
 		return 0
-	}
-	data, ok := m.Data.(metricdata.Sum[int64])
-	if !ok {
-		t.Fatalf("%s: got data %T, want metricdata.Sum[int64]", name, m.Data)
 	}
 	set := attribute.NewSet(attrs...)
 	for _, dp := range data.DataPoints {
@@ -119,13 +112,9 @@ func (tm *telemetry) sum(t testing.TB, name string, attrs ...attribute.KeyValue)
 // exactly attrs (zeros when there is none).
 func (tm *telemetry) hist(t testing.TB, name string, attrs ...attribute.KeyValue) (uint64, float64) {
 	t.Helper()
-	m, ok := tm.metric(t, name)
+	data, ok := metricData[metricdata.Histogram[float64]](t, tm, name)
 	if !ok {
 		return 0, 0
-	}
-	data, ok := m.Data.(metricdata.Histogram[float64])
-	if !ok {
-		t.Fatalf("%s: got data %T, want metricdata.Histogram[float64]", name, m.Data)
 	}
 	set := attribute.NewSet(attrs...)
 	for _, dp := range data.DataPoints {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/dlockotel"
+	"github.com/dlock-go/dlock/internal/locktest"
 	"github.com/dlock-go/dlock/memlock"
 )
 
@@ -100,10 +101,7 @@ func TestNodeErrors(t *testing.T) {
 	f.set(&f.acquireErr, nil)
 
 	// A renewal fails on one node, then succeeds again.
-	l, err := c.Acquire(ctx, key)
-	if err != nil {
-		t.Fatalf("Acquire: %v", err)
-	}
+	l := locktest.MustAcquire(t, ctx, c, key)
 	f.set(&f.refreshErr, nodeErr("n3", io.ErrUnexpectedEOF))
 	eventually(t, "a failed renewal", func() bool { return tm.sum(t, dlockotel.MetricRenewalFailures) >= 1 })
 	f.set(&f.refreshErr, nil)

@@ -151,33 +151,41 @@ type suite struct{ h Harness }
 func (s *suite) client(t *testing.T, opts ...dlock.Option) *dlock.Client {
 	t.Helper()
 	opts = append([]dlock.Option{dlock.WithTTL(s.h.TTL)}, opts...)
-	c := dlock.New(s.h.NewBackend(t), opts...)
-	if err := c.Err(); err != nil {
-		t.Fatalf("dlock.New: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := c.Close(); err != nil {
-			t.Errorf("Close: %v", err)
-		}
-	})
-	return c
+	return locktest.Closing(t, dlock.New(s.h.NewBackend(t), opts...))
 }
 
 func (s *suite) long() time.Duration { return 10*s.h.TTL + 10*time.Second }
-
-func mustAcquire(t *testing.T, c *dlock.Client, ctx context.Context, key string, opts ...dlock.Option) *dlock.Lease {
-	t.Helper()
-	l, err := c.Acquire(ctx, key, opts...)
-	if err != nil {
-		t.Fatalf("Acquire(%q): %v", key, err)
-	}
-	return l
-}
 
 func release(t *testing.T, l *dlock.Lease) {
 	t.Helper()
 	if err := l.Release(context.Background()); err != nil {
 		t.Errorf("Release(%q): %v", l.Key(), err)
+	}
+}
+
+// assertFree checks that another client, with opts, takes key now (and
+// releases it); what names the check in the failure.
+func (s *suite) assertFree(t *testing.T, key, what string, opts ...dlock.Option) {
+	t.Helper()
+	l, err := s.client(t, opts...).TryAcquire(ctxT(t, s.long()), key)
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	release(t, l)
+}
+
+// endsCancelled checks that the acquisition started by locktest.Go whose
+// outcome got receives returns, within s.long(), an error matching
+// dlock.ErrNotAcquired and context.Canceled; what names it.
+func (s *suite) endsCancelled(t *testing.T, got <-chan locktest.Outcome, what string) {
+	t.Helper()
+	select {
+	case r := <-got:
+		if !errors.Is(r.Err, dlock.ErrNotAcquired) || !errors.Is(r.Err, context.Canceled) {
+			t.Fatalf("%s: got %v, want ErrNotAcquired and context.Canceled", what, r.Err)
+		}
+	case <-time.After(s.long()):
+		t.Fatalf("%s did not return", what)
 	}
 }
 
@@ -252,7 +260,7 @@ func (s *suite) fencesIncrease(t *testing.T) {
 		if i%2 == 1 {
 			c = b
 		}
-		l := mustAcquire(t, c, ctx, key)
+		l := locktest.MustAcquire(t, ctx, c, key)
 		if l.Fence() <= last {
 			t.Fatalf("acquisition %d: fence got %d, want > %d", i, l.Fence(), last)
 		}
@@ -263,7 +271,7 @@ func (s *suite) fencesIncrease(t *testing.T) {
 
 func (s *suite) tryAcquireHeld(t *testing.T) {
 	key := Key(t)
-	l := mustAcquire(t, s.client(t), ctxT(t, s.long()), key)
+	l := locktest.MustAcquire(t, ctxT(t, s.long()), s.client(t), key)
 	defer release(t, l)
 	// The holder is renewed for longer than the context lasts: a
 	// TryAcquire that waited would end with the context's error.
@@ -283,7 +291,7 @@ func (s *suite) tryAcquireHeld(t *testing.T) {
 func (s *suite) releaseFrees(t *testing.T) {
 	key := Key(t)
 	c := s.client(t)
-	l := mustAcquire(t, c, ctxT(t, s.long()), key)
+	l := locktest.MustAcquire(t, ctxT(t, s.long()), c, key)
 	release(t, l)
 	select {
 	case <-l.Done():
@@ -293,11 +301,7 @@ func (s *suite) releaseFrees(t *testing.T) {
 	if err := l.Err(); !errors.Is(err, dlock.ErrReleased) {
 		t.Fatalf("Err after Release: got %v, want ErrReleased", err)
 	}
-	l2, err := s.client(t).TryAcquire(ctxT(t, s.long()), key)
-	if err != nil {
-		t.Fatalf("TryAcquire after Release: %v", err)
-	}
-	release(t, l2)
+	s.assertFree(t, key, "TryAcquire after Release")
 }
 
 func (s *suite) skipExpiry(t *testing.T) {
@@ -310,7 +314,7 @@ func (s *suite) skipExpiry(t *testing.T) {
 func (s *suite) expiryFrees(t *testing.T) {
 	s.skipExpiry(t)
 	key := Key(t)
-	holder := mustAcquire(t, s.client(t), ctxT(t, s.long()), key, dlock.WithAutoRenew(false))
+	holder := locktest.MustAcquire(t, ctxT(t, s.long()), s.client(t), key, dlock.WithAutoRenew(false))
 	invoke := holder.Expires() // ≤ invoke + TTL
 	l, err := s.client(t).Acquire(ctxT(t, s.long()), key)
 	if err != nil {
@@ -332,21 +336,29 @@ func (s *suite) expiryFrees(t *testing.T) {
 
 func (s *suite) fenceAfterExpiry(t *testing.T) {
 	s.skipExpiry(t)
-	key := Key(t)
-	a := mustAcquire(t, s.client(t), ctxT(t, s.long()), key, dlock.WithAutoRenew(false))
-	<-a.Done()
-	b := mustAcquire(t, s.client(t), ctxT(t, s.long()), key)
-	defer release(t, b)
+	a, b := s.takeOver(t, Key(t))
 	if b.Fence() <= a.Fence() {
 		t.Fatalf("fence after expiry: got %d, want > %d", b.Fence(), a.Fence())
 	}
+}
+
+// takeOver returns a lease on key left to expire without renewal, and
+// the lease another client took once it had ended, released when the test
+// ends.
+func (s *suite) takeOver(t *testing.T, key string) (old, cur *dlock.Lease) {
+	t.Helper()
+	old = locktest.MustAcquire(t, ctxT(t, s.long()), s.client(t), key, dlock.WithAutoRenew(false))
+	<-old.Done()
+	cur = locktest.MustAcquire(t, ctxT(t, s.long()), s.client(t), key)
+	t.Cleanup(func() { release(t, cur) })
+	return old, cur
 }
 
 // releaseForeignToken calls the backend directly with a token that does
 // not hold the lock.
 func (s *suite) releaseForeignToken(t *testing.T) {
 	key := Key(t)
-	l := mustAcquire(t, s.client(t), ctxT(t, s.long()), key)
+	l := locktest.MustAcquire(t, ctxT(t, s.long()), s.client(t), key)
 	defer release(t, l)
 	b := s.h.NewBackend(t)
 	defer b.Close()
@@ -363,10 +375,7 @@ func (s *suite) releaseForeignToken(t *testing.T) {
 func (s *suite) releaseAfterTakeover(t *testing.T) {
 	s.skipExpiry(t)
 	key := Key(t)
-	old := mustAcquire(t, s.client(t), ctxT(t, s.long()), key, dlock.WithAutoRenew(false))
-	<-old.Done()
-	cur := mustAcquire(t, s.client(t), ctxT(t, s.long()), key)
-	defer release(t, cur)
+	old, cur := s.takeOver(t, key)
 	err := old.Release(ctxT(t, s.long()))
 	if !errors.Is(err, dlock.ErrLost) && !errors.Is(err, dlock.ErrNotHeld) {
 		t.Fatalf("Release of a taken-over lease: got %v, want ErrLost or ErrNotHeld", err)
@@ -381,7 +390,7 @@ func (s *suite) releaseAfterTakeover(t *testing.T) {
 }
 
 func (s *suite) doubleRelease(t *testing.T) {
-	l := mustAcquire(t, s.client(t), ctxT(t, s.long()), Key(t))
+	l := locktest.MustAcquire(t, ctxT(t, s.long()), s.client(t), Key(t))
 	release(t, l)
 	if err := l.Release(ctxT(t, s.long())); !errors.Is(err, dlock.ErrReleased) {
 		t.Fatalf("second Release: got %v, want ErrReleased", err)
@@ -389,7 +398,7 @@ func (s *suite) doubleRelease(t *testing.T) {
 }
 
 func (s *suite) refreshAfterRelease(t *testing.T) {
-	l := mustAcquire(t, s.client(t), ctxT(t, s.long()), Key(t))
+	l := locktest.MustAcquire(t, ctxT(t, s.long()), s.client(t), Key(t))
 	release(t, l)
 	if err := l.Refresh(ctxT(t, s.long()), 0); !errors.Is(err, dlock.ErrReleased) {
 		t.Fatalf("Refresh after Release: got %v, want ErrReleased", err)
@@ -398,7 +407,7 @@ func (s *suite) refreshAfterRelease(t *testing.T) {
 
 func (s *suite) refreshExtends(t *testing.T) {
 	key := Key(t)
-	l := mustAcquire(t, s.client(t), ctxT(t, s.long()), key, dlock.WithAutoRenew(false))
+	l := locktest.MustAcquire(t, ctxT(t, s.long()), s.client(t), key, dlock.WithAutoRenew(false))
 	defer release(t, l)
 	first := l.Expires()
 	if err := l.Refresh(ctxT(t, s.long()), 4*s.h.TTL); err != nil {
@@ -420,7 +429,7 @@ func (s *suite) refreshExtends(t *testing.T) {
 
 func (s *suite) autoRenewHolds(t *testing.T) {
 	key := Key(t)
-	l := mustAcquire(t, s.client(t), ctxT(t, s.long()), key)
+	l := locktest.MustAcquire(t, ctxT(t, s.long()), s.client(t), key)
 	defer release(t, l)
 	select {
 	case <-l.Done():
@@ -440,7 +449,7 @@ func (s *suite) lostWhenServerStops(t *testing.T) {
 	key := Key(t)
 	var onLost atomic.Int32
 	c := s.client(t, dlock.WithOnLost(func(*dlock.Lease, error) { onLost.Add(1) }))
-	l := mustAcquire(t, c, ctxT(t, s.long()), key)
+	l := locktest.MustAcquire(t, ctxT(t, s.long()), c, key)
 	work, cancel := l.Context(context.Background())
 	defer cancel()
 	restore := s.h.Outage(t)
@@ -464,7 +473,7 @@ func (s *suite) lostWhenServerStops(t *testing.T) {
 	}
 	t.Logf("lost %v after the outage began (TTL %v)", lostAfter, s.h.TTL)
 	// Another client takes the lock once the server is back.
-	l2 := mustAcquire(t, s.client(t), ctxT(t, s.long()), key)
+	l2 := locktest.MustAcquire(t, ctxT(t, s.long()), s.client(t), key)
 	release(t, l2)
 	if err := l.Release(ctxT(t, s.long())); !errors.Is(err, dlock.ErrLost) {
 		t.Fatalf("Release of a lost lease: got %v, want ErrLost", err)
@@ -474,27 +483,16 @@ func (s *suite) lostWhenServerStops(t *testing.T) {
 
 func (s *suite) cancelWait(t *testing.T) {
 	key := Key(t)
-	l := mustAcquire(t, s.client(t), ctxT(t, s.long()), key)
+	l := locktest.MustAcquire(t, ctxT(t, s.long()), s.client(t), key)
 	defer release(t, l)
 	ctx, cancel := context.WithCancel(context.Background())
 	c := s.client(t)
-	done := make(chan error, 1)
-	go func() {
-		_, err := c.Acquire(ctx, key)
-		done <- err
-	}()
+	got := locktest.Go(func() (*dlock.Lease, error) { return c.Acquire(ctx, key) })
 	time.Sleep(s.h.TTL / 10) // let it start waiting (not a condition: any phase must cancel)
 	cancel()
 	// The holder is renewed until the test ends: only the cancellation
 	// can end the wait.
-	select {
-	case err := <-done:
-		if !errors.Is(err, dlock.ErrNotAcquired) || !errors.Is(err, context.Canceled) {
-			t.Fatalf("cancelled wait: got %v, want ErrNotAcquired and context.Canceled", err)
-		}
-	case <-time.After(s.long()):
-		t.Fatal("cancelled wait did not return")
-	}
+	s.endsCancelled(t, got, "cancelled wait")
 	if l.Err() != nil {
 		t.Fatalf("holder affected by a cancelled waiter: %v", l.Err())
 	}
@@ -502,7 +500,7 @@ func (s *suite) cancelWait(t *testing.T) {
 
 func (s *suite) deadlineWait(t *testing.T) {
 	key := Key(t)
-	l := mustAcquire(t, s.client(t), ctxT(t, s.long()), key)
+	l := locktest.MustAcquire(t, ctxT(t, s.long()), s.client(t), key)
 	defer release(t, l)
 	ctx, cancel := context.WithTimeout(context.Background(), s.h.TTL/5)
 	defer cancel()
@@ -520,7 +518,7 @@ func (s *suite) wokenByRelease(t *testing.T) {
 	key := Key(t)
 	// A long TTL and a long strategy ceiling: only the release can wake the
 	// waiter quickly.
-	holder := mustAcquire(t, s.client(t, dlock.WithTTL(20*s.h.TTL)), ctxT(t, s.long()), key)
+	holder := locktest.MustAcquire(t, ctxT(t, s.long()), s.client(t, dlock.WithTTL(20*s.h.TTL)), key)
 	c := s.client(t, dlock.WithWait(dlock.Constant(time.Minute)))
 	got := make(chan *dlock.Lease, 1)
 	errc := make(chan error, 1)
@@ -571,11 +569,7 @@ func (s *suite) doReleases(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Do with the context cancelled inside fn: %v", err)
 	}
-	l, err := s.client(t).TryAcquire(ctxT(t, s.long()), key)
-	if err != nil {
-		t.Fatalf("lock not released by Do: %v", err)
-	}
-	release(t, l)
+	s.assertFree(t, key, "lock not released by Do")
 }
 
 func (s *suite) doReleasesOnPanic(t *testing.T) {
@@ -589,19 +583,15 @@ func (s *suite) doReleasesOnPanic(t *testing.T) {
 		}()
 		c.Do(ctxT(t, s.long()), key, func(context.Context, *dlock.Lease) error { panic("boom") })
 	}()
-	l, err := s.client(t).TryAcquire(ctxT(t, s.long()), key)
-	if err != nil {
-		t.Fatalf("lock not released after a panic in Do: %v", err)
-	}
-	release(t, l)
+	s.assertFree(t, key, "lock not released after a panic in Do")
 }
 
 func (s *suite) reentrant(t *testing.T) {
 	key := Key(t)
 	ctx := ctxT(t, s.long())
 	c := s.client(t, dlock.WithOwner("owner-"+rand.Text()[:6]))
-	l1 := mustAcquire(t, c, ctx, key)
-	l2 := mustAcquire(t, c, ctx, key)
+	l1 := locktest.MustAcquire(t, ctx, c, key)
+	l2 := locktest.MustAcquire(t, ctx, c, key)
 	l3, err := c.TryAcquire(ctx, key)
 	if err != nil {
 		t.Fatalf("reentrant TryAcquire: %v", err)
@@ -629,7 +619,7 @@ func (s *suite) fifo(t *testing.T) {
 		t.Skip("backend has no server-side queue")
 	}
 	key := Key(t)
-	holder := mustAcquire(t, s.client(t), ctxT(t, s.long()), key)
+	holder := locktest.MustAcquire(t, ctxT(t, s.long()), s.client(t), key)
 	// A cancelled queued waiter leaves the queue: the live one behind it
 	// is served after the release.
 	cctx, cancel := context.WithCancel(context.Background())

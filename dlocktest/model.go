@@ -4,12 +4,14 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	mrand "math/rand/v2"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/locktest"
 )
 
 // The cases below check the lease model of the package overview: what
@@ -25,7 +27,7 @@ func (s *suite) reentryShorterTTL(t *testing.T) {
 	key, id := Key(t), owner()
 	ctx := ctxT(t, s.long())
 	c := s.client(t)
-	outer := mustAcquire(t, c, ctx, key, dlock.WithOwner(id), dlock.WithTTL(6*s.h.TTL), dlock.WithAutoRenew(false))
+	outer := locktest.MustAcquire(t, ctx, c, key, dlock.WithOwner(id), dlock.WithTTL(6*s.h.TTL), dlock.WithAutoRenew(false))
 	defer outer.Release(context.Background())
 	for _, via := range []*dlock.Client{c, s.client(t)} {
 		inner, err := via.TryAcquire(ctx, key, dlock.WithOwner(id), dlock.WithTTL(s.h.TTL), dlock.WithAutoRenew(false))
@@ -55,7 +57,7 @@ func (s *suite) reentryShorterTTL(t *testing.T) {
 func (s *suite) refreshShorterTTL(t *testing.T) {
 	key := Key(t)
 	ctx := ctxT(t, s.long())
-	l := mustAcquire(t, s.client(t), ctx, key, dlock.WithTTL(3*s.h.TTL))
+	l := locktest.MustAcquire(t, ctx, s.client(t), key, dlock.WithTTL(3*s.h.TTL))
 	defer release(t, l)
 	before := l.Expires()
 	if err := l.Refresh(ctx, s.h.TTL); err != nil {
@@ -200,7 +202,7 @@ func (s *suite) cancelledReentry(t *testing.T) {
 	key, id := Key(t), owner()
 	ctx := ctxT(t, s.long())
 	c, other := s.client(t), s.client(t)
-	outer := mustAcquire(t, c, ctx, key, dlock.WithOwner(id))
+	outer := locktest.MustAcquire(t, ctx, c, key, dlock.WithOwner(id))
 	for i := 0; i < 20; i++ {
 		for _, via := range []*dlock.Client{c, other} {
 			cctx, cancel := context.WithTimeout(context.Background(), time.Duration(mrand.N(300))*time.Microsecond)
@@ -237,7 +239,7 @@ func (s *suite) forceReleaseReentry(t *testing.T) {
 	key, id := Key(t), owner()
 	ctx := ctxT(t, s.long())
 	c := s.client(t)
-	l := mustAcquire(t, c, ctx, key, dlock.WithOwner(id))
+	l := locktest.MustAcquire(t, ctx, c, key, dlock.WithOwner(id))
 	if _, err := fr.ForceRelease(ctx, key); err != nil {
 		t.Fatalf("ForceRelease: %v", err)
 	}
@@ -257,7 +259,7 @@ func (s *suite) closeLeavesNothing(t *testing.T) {
 	for round := 0; round < 4; round++ {
 		key := Key(t)
 		c := dlock.New(s.h.NewBackend(t), dlock.WithTTL(20*s.h.TTL))
-		holder := mustAcquire(t, c, ctxT(t, s.long()), key)
+		holder := locktest.MustAcquire(t, ctxT(t, s.long()), c, key)
 		const n = 4
 		errs := make(chan error, n)
 		for i := 0; i < n; i++ {
@@ -287,18 +289,14 @@ func (s *suite) closeLeavesNothing(t *testing.T) {
 		}
 		// A long TTL: a slow grant on a loaded machine is not taken for a
 		// lock still held.
-		l, err := s.client(t, dlock.WithTTL(20*s.h.TTL)).TryAcquire(ctxT(t, s.long()), key)
-		if err != nil {
-			t.Fatalf("round %d: lock still held after Close: %v", round, err)
-		}
-		release(t, l)
+		s.assertFree(t, key, fmt.Sprintf("round %d: lock still held after Close", round), dlock.WithTTL(20*s.h.TTL))
 	}
 }
 
 // limitWaits: Limit(3, Constant(d)) waits about 2d before giving up.
 func (s *suite) limitWaits(t *testing.T) {
 	key := Key(t)
-	holder := mustAcquire(t, s.client(t), ctxT(t, s.long()), key)
+	holder := locktest.MustAcquire(t, ctxT(t, s.long()), s.client(t), key)
 	defer release(t, holder)
 	d := s.h.TTL / 5
 	start := time.Now()
@@ -320,7 +318,7 @@ func (s *suite) contextKinds(t *testing.T) {
 	key := Key(t)
 	// A long TTL: the holder must outlast every wait even when renewals
 	// run late on a loaded machine.
-	holder := mustAcquire(t, s.client(t, dlock.WithTTL(20*s.h.TTL)), ctxT(t, s.long()), key)
+	holder := locktest.MustAcquire(t, ctxT(t, s.long()), s.client(t, dlock.WithTTL(20*s.h.TTL)), key)
 	defer release(t, holder)
 	c := s.client(t)
 	d := s.h.TTL / 5
@@ -382,7 +380,7 @@ func (s *suite) acquireManyEdges(t *testing.T) {
 	}
 
 	k1, k2 := Key(t)+".1", Key(t)+".2"
-	blocker := mustAcquire(t, s.client(t), ctxT(t, s.long()), k2, dlock.WithTTL(3*s.h.TTL), dlock.WithAutoRenew(false))
+	blocker := locktest.MustAcquire(t, ctxT(t, s.long()), s.client(t), k2, dlock.WithTTL(3*s.h.TTL), dlock.WithAutoRenew(false))
 	defer blocker.Release(context.Background())
 	ls, err := s.client(t).AcquireMany(ctxT(t, s.long()), []string{k1, k2}, dlock.WithAutoRenew(false))
 	if err != nil {
@@ -434,7 +432,7 @@ func (s *suite) closeKeepsOwnersShare(t *testing.T) {
 	for round := 0; round < 3; round++ {
 		key := Key(t)
 		c1 := dlock.New(s.h.NewBackend(t), dlock.WithTTL(s.h.TTL))
-		l1 := mustAcquire(t, c1, ctx, key, dlock.WithOwner(id))
+		l1 := locktest.MustAcquire(t, ctx, c1, key, dlock.WithOwner(id))
 		l2, err := s.client(t).TryAcquire(ctx, key, dlock.WithOwner(id))
 		if errors.Is(err, dlock.ErrNotAcquired) {
 			c1.Close()
@@ -469,7 +467,7 @@ func (s *suite) minHold(t *testing.T) {
 	key := Key(t)
 	c := s.client(t)
 	before := time.Now() // the grant is later: the minimum hold ends after before+hold
-	l := mustAcquire(t, c, ctxT(t, s.long()), key, dlock.WithMinHold(hold))
+	l := locktest.MustAcquire(t, ctxT(t, s.long()), c, key, dlock.WithMinHold(hold))
 	release(t, l)
 	if time.Since(before) < hold-s.h.TTL/2 {
 		s.assertHeld(t, key)

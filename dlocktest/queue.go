@@ -5,9 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/locktest"
 )
 
 // queued returns a function reporting how many waiters the server queues
@@ -43,7 +43,7 @@ func (s *suite) fifoOrder(t *testing.T) {
 	const waiters = 6
 	cancelled := map[int]bool{1: true, 3: true}
 	ctx := ctxT(t, 3*s.long())
-	holder := mustAcquire(t, s.client(t), ctx, key)
+	holder := locktest.MustAcquire(t, ctx, s.client(t), key)
 	order := make(chan int, waiters)
 	errs := make(chan error, waiters)
 	cancels := make([]context.CancelFunc, waiters)
@@ -117,26 +117,15 @@ func (s *suite) fifoOrder(t *testing.T) {
 func (s *suite) cancelQueued(t *testing.T) {
 	key := Key(t)
 	waiting := s.queued(t, key)
-	holder := mustAcquire(t, s.client(t), ctxT(t, s.long()), key)
+	holder := locktest.MustAcquire(t, ctxT(t, s.long()), s.client(t), key)
 	defer release(t, holder)
 	c := s.client(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	done := make(chan error, 1)
-	go func() {
-		_, err := c.Acquire(ctx, key, dlock.WithFIFO())
-		done <- err
-	}()
+	got := locktest.Go(func() (*dlock.Lease, error) { return c.Acquire(ctx, key, dlock.WithFIFO()) })
 	waitFor(t, s.long(), func() bool { return waiting() == 1 }, "waiter queued")
 	cancel()
-	select {
-	case err := <-done:
-		if !errors.Is(err, context.Canceled) || !errors.Is(err, dlock.ErrNotAcquired) {
-			t.Fatalf("cancelled Acquire: got %v, want ErrNotAcquired and context.Canceled", err)
-		}
-	case <-time.After(s.long()):
-		t.Fatal("cancelled queued Acquire did not return")
-	}
+	s.endsCancelled(t, got, "cancelled queued Acquire")
 	if n := waiting(); n != 0 {
 		t.Fatalf("waiters right after the cancelled Acquire returned: got %d, want 0", n)
 	}

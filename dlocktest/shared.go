@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/locktest"
 )
 
 // The cases below check semaphores and read-write locks on backends that
@@ -137,7 +138,7 @@ func (s *suite) semaphoreBadInput(t *testing.T) {
 		t.Fatalf("WithOwner on a permit: got %v, want ErrInvalidOption", err)
 	}
 	lk := Key(t)
-	h := mustAcquire(t, c, ctx, lk)
+	h := locktest.MustAcquire(t, ctx, c, lk)
 	defer release(t, h)
 	if _, err := s.client(t).Semaphore(lk, 2).TryAcquire(ctx); !errors.Is(err, dlock.ErrWrongType) {
 		t.Fatalf("a permit of a key held as a lock: got %v, want ErrWrongType", err)

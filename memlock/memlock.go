@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -360,13 +361,10 @@ func (e *entry) extend(t time.Time) {
 
 // RefreshMany implements dlock.BatchRefresher.
 func (b *Backend) RefreshMany(ctx context.Context, rs []dlock.Request) []error {
-	errs := make([]error, len(rs))
 	if err := b.enter(ctx); err != nil {
-		for i := range errs {
-			errs[i] = err
-		}
-		return errs
+		return slices.Repeat([]error{err}, len(rs))
 	}
+	errs := make([]error, len(rs))
 	defer b.s.mu.Unlock()
 	now := time.Now()
 	for i, r := range rs {

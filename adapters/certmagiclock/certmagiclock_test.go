@@ -50,7 +50,9 @@ func (is *issuer) IssuerKey() string { return "test-ca" }
 
 func (is *issuer) Issue(ctx context.Context, csr *x509.CertificateRequest) (*certmagic.IssuedCertificate, error) {
 	defer is.enter(csr.DNSNames[0])()
-	time.Sleep(100 * time.Millisecond) // an ACME order takes a while
+	// An ACME order takes a while: the window in which a second issuance
+	// of the name, were the lock not held, would overlap this one.
+	time.Sleep(100 * time.Millisecond)
 	is.issued.Add(1)
 	tmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(time.Now().UnixNano()),
