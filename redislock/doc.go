@@ -38,10 +38,10 @@
 //
 // The lock's value is "FENCE:COUNT:FLAGS:AHEAD:TOKEN": the grant's fence,
 // the hold count, flags (w: a TryAcquire found it held; q: waiters may be
-// queued; c: handed to a waiter, not yet confirmed), how many ms the fence
-// runs ahead of the server clock (normally 0), and the owner token. A
-// COUNT of 0 is a tombstone: a free lock whose next fence must exceed
-// FENCE (see Fencing). The prefix "dlock:" is set with WithPrefix. A key
+// queued; c: handed to a waiter, not yet confirmed), a bound in ms of how
+// far the fence ran ahead of the server clock at the grant (normally 0:
+// it did not), and the owner token. A COUNT of 0 is a tombstone: a free
+// lock whose next fence must exceed FENCE (see Fencing). The prefix "dlock:" is set with WithPrefix. A key
 // that starts with '}' or '\' gets a leading '\' inside the braces (an
 // empty tag would split the names over several slots). Backend.LockName
 // returns the lock's name.
@@ -50,14 +50,18 @@
 //
 // Each operation is one Lua script, in the .lua files of this package
 // (embedded with go:embed; lib.lua and queue_lib.lua hold the functions
-// several share and are included where a script needs them), run with
-// EVALSHA and, after NOSCRIPT, with the source. Every redis.call inside a
+// several share and are included where a script needs them: after the
+// common cases, which acquire.lua and release.lua run inline, so that they
+// do not pay for creating the functions, about 1 µs of server time per
+// call), run with EVALSHA and, after NOSCRIPT, with the source. Every redis.call inside a
 // script costs 1–2 µs of server time on Redis 7.0, so the common cases
 // make the fewest calls the guarantees allow. Server commands per
 // operation, counted by INFO commandstats (EVALSHA included):
 //
 //	uncontended acquire       3  EVALSHA, TIME, SET NX PX GET
-//	uncontended release       3  EVALSHA, GET, DEL
+//	  expecting a tombstone   3  EVALSHA, GET, SET PX (package redlock)
+//	uncontended release       3  EVALSHA, GET, DEL (or SET PXAT: a
+//	                             tombstone, when the fence ran ahead)
 //	refresh                   3  EVALSHA, GET, PEXPIRE GT
 //	wait behind a holder      6  EVALSHA, GET, TIME, ZADD NX, SET (heartbeat),
 //	                             PEXPIRE (queue); +1 SET to flag the lock
@@ -73,12 +77,25 @@
 //	                          SET NX PX loop; the earlier fence 0.86×
 //	S1, one goroutine         6.00 server commands per cycle; the same
 //	                          scripts alone 0.98× the raw floor; through
-//	                          dlock.Client 0.61× the floor, 0.54×
-//	                          bsm/redislock (Go-side work, below)
+//	                          dlock.Client 0.67–1.31× the floor, median
+//	                          0.97× over five bench runs at load 3–7
+//	                          (scripts that created lib.lua's functions
+//	                          on every call: median 0.77×, 0.59–1.09×,
+//	                          in runs alternating with them)
 //	S3, 16 clients, one key   default options: 3,701 hand-offs/s, 2.03×
 //	                          rueidislock, Jain 1.000, 2.00 requests and
 //	                          13.0 server commands per acquisition
 //	100,000 held locks        one key each, about 240 bytes of used_memory
+//	a Redlock node's cycle    BenchmarkFloorCycle (acquire with a fence
+//	                          floor, release): 6.00 commands per cycle
+//	                          taking one key again (its tombstone
+//	                          expected) and on new keys alike
+//
+// Redis 7 functions (FCALL) would not pay: measured with redis-benchmark
+// (100,000 calls, three runs, load 5), a function returning a GET costs
+// 1.5–1.8 µs of server time per call, the same script run with EVALSHA
+// 1.7–2.0 µs (a plain GET 0.1 µs), and a library would have to be loaded
+// on every server before the first lock.
 //
 // What keeps the Client's uncontended cycle below the raw floor is not
 // server work: a call whose context can end runs on a helper goroutine
@@ -88,7 +105,8 @@
 // the Client 92 µs, Acquire 146 µs).
 //
 //   - acquire.lua takes a free lock (SET NX PX GET, count 1, fence: the
-//     server time), re-enters one the token holds when the request is
+//     server time) or one that holds a tombstone (fence above it, see
+//     Fencing), re-enters one the token holds when the request is
 //     reentrant (count + 1, same fence), confirms a hand-off, or reports
 //     the holder's PTTL;
 //   - release.lua compares the token (and the grant's fence), then
@@ -152,27 +170,51 @@
 // lock's value; there is no counter key. Fences of one key strictly
 // increase across release, expiry, DEL of every key and a restart without
 // persistence (or a failover to a replica that lost the lock) because:
-// each fence is at most the server time at its grant or was handed over
-// by a tombstone; two grants of one key are separated by at least one
-// other script (a release, a hand-off) or by an expiry (≥ 1 ms), and a
-// script takes more than a microsecond; a fence that runs ahead of the
-// clock (a redlock floor) is kept AHEAD ms: the lock lives at least that
-// long and its release leaves a tombstone for that long, after which the
-// server time is past it. The assumption: the server clock (after a
-// failover, the new primary's) never steps back between two grants of a
-// key; NTP slewing is harmless, a backward step of the clock by s can
-// reissue fences of the last s. µs since 1970 stay exact in Lua's doubles
-// (below 2^53) until the year 2255.
+// a grant on a free key issues at least the server time, a grant on a
+// tombstone more than the tombstone's fence; two grants of one key are
+// separated by at least one other script (a release, a hand-off) or by an
+// expiry (≥ 1 ms), and a script takes more than a microsecond, so a fence
+// that did not run ahead of the clock is below the server time of any
+// later grant; a fence that ran ahead of
+// the clock at its grant (a redlock floor; AHEAD not 0) is carried over
+// its release by a tombstone that lives until the server clock passes it
+// (SET ... PXAT FENCE/1000 rounded down: Redis expires a key only once
+// its clock in ms is past that, so while the tombstone is gone the clock
+// in µs is past FENCE), and a lock lives longer than its fence runs
+// ahead (a floor runs ahead by milliseconds, a lease lasts its TTL). The
+// assumption: the server clock (after a failover, the new primary's)
+// never steps back between two grants of a key, and a fence runs ahead of
+// it by less than the lease TTL; NTP slewing is harmless, a backward step
+// of the clock by s can reissue fences of the last s. µs since 1970 stay
+// exact in Lua's doubles (below 2^53) until the year 2255.
+//
+// A grant on a tombstone needs no TIME: the tombstone's fence is above
+// every earlier fence of the key, so the grant issues max(floor,
+// tombstone + 1), and bounds AHEAD by the tombstone's AHEAD plus the
+// milliseconds it adds (the tombstone's fence ran ahead by less than its
+// AHEAD when it was granted, and the clock has not gone back since); a
+// bound grown past a second is computed from TIME instead. Package
+// redlock's floors run ahead of the clock by a few ms, so a lock it takes
+// again within them finds its own tombstone: the Backend remembers, in a
+// table of 64 slots by hash, locks it granted with a floor and their
+// fences, and until the
+// server clock (as learnt from the last TIME a script reported) passes
+// such a fence, acquire.lua reads the lock first (GET, then one SET of a
+// tombstone, or TIME and SET of a free lock) instead of SET NX GET, which
+// finds the tombstone and needs a second SET. A wrong guess costs one
+// redis.call, never a wrong fence; locks taken without a floor (every
+// lock of a single server) are never guessed.
 //
 // # Nothing left behind
 //
-// Every key expires: the lock with the lease (a tombstone after AHEAD ms,
-// normally none), a heartbeat at its waiter's deadline (the waiter TTL),
-// the queues twice the waiter TTL after the last waiter's step; the holds
-// and claims of permits and read holds at the last deadline they carry,
-// a leader's value with its lock (see below). So no key
-// of a lock outlives its last lease by more than max(lease TTL, AHEAD,
-// 2 × waiter TTL): 0.8 s after the lease with the defaults, and
+// Every key expires: the lock with the lease (a tombstone when the server
+// clock passes its fence, normally none), a heartbeat at its waiter's
+// deadline (the waiter TTL), the queues twice the waiter TTL after the
+// last waiter's step; the holds and claims of permits and read holds at
+// the last deadline they carry, a leader's value with its lock (see
+// below). So no key of a lock outlives its last lease by more than
+// max(lease TTL, how far its fence ran ahead of the server clock, 2 ×
+// waiter TTL): 0.8 s after the lease with the defaults, and
 // in every case within the lease TTL plus 60 s while the clocks of a
 // Redlock's nodes and clients are within 60 s of one another. The earlier
 // layout's permanent counters (PREFIX{KEY}:fence) are not read or written;
@@ -318,6 +360,10 @@
 // wrong-type error, granting nothing. So no lock is granted twice during
 // a rolling deploy; the fences of the new grants are the server time,
 // above the earlier ones unless their counter ran ahead of the clock.
+// Clients of the previous string layout share this one (same value, same
+// meaning of each field; AHEAD stays a bound in ms, which their release
+// uses as the tombstone's TTL, while this version's tombstone lives until
+// the clock passes the fence).
 //
 // # Waiting
 //

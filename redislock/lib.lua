@@ -13,8 +13,10 @@
 -- FLAGS   letters: w (a TryAcquire found it held: PUBLISH on release),
 --         q (FIFO waiters may be queued: a release looks at the queue),
 --         c (handed to a FIFO waiter, not yet confirmed)
--- AHEAD   ms the fence runs ahead of the server clock (at the write);
---         a release leaves a tombstone for that long instead of DEL
+-- AHEAD   at least how many ms the fence ran ahead of the server clock
+--         at the grant, plus one (0: it did not); a release of a lock
+--         whose AHEAD is not 0 leaves a tombstone until the server clock
+--         passes FENCE instead of DEL
 -- TOKEN   the owner token
 
 -- now returns the server time in µs.
@@ -74,11 +76,12 @@ local function decode(lock, v)
   return 'lock', tonumber(f), tonumber(n), fl, tonumber(a), t
 end
 
--- free deletes a lock whose last hold was given up, or leaves a tombstone
--- of fence f for a ms when the fence ran ahead of the server clock.
+-- free deletes a lock whose last hold was given up, or, when its fence f
+-- ran ahead of the server clock at the grant (a > 0), leaves a tombstone
+-- of f (with the lock's AHEAD a) until the clock passes f.
 local function free(lock, f, a)
   if a > 0 then
-    redis.call('SET', lock, pack(f, 0, '', 0, ''), 'PX', a)
+    redis.call('SET', lock, pack(f, 0, '', a, ''), 'PXAT', math.floor(f / 1000))
   else
     redis.call('DEL', lock)
   end

@@ -74,6 +74,9 @@ type Backend struct {
 	ctxDeadlines bool
 	closed       atomic.Bool
 	hub          hub
+	// tombs hints which locks granted with a fence floor may hold a
+	// tombstone (see tombstones).
+	tombs tombstones
 }
 
 // New returns a Backend that takes locks on the Redis server(s) behind rdb,
@@ -254,8 +257,12 @@ func (b *Backend) TryAcquireClock(ctx context.Context, r dlock.Request) (dlock.G
 	if r.Kind != dlock.KindLock {
 		return b.tryShared(ctx, r, "")
 	}
-	keys := []string{b.lockName(r.Key)}
+	lock := b.lockName(r.Key)
+	keys := []string{lock}
 	args := []any{r.Token, b.ttlArg(r.TTL), reentrantArg(r.Reentrant), fenceArg(r.Fence)}
+	if r.Fence != 0 && b.tombs.expect(lock) {
+		args = append(args, "1") // read the lock first (acquire.lua)
+	}
 	run := func(ctx context.Context) (reply, error) {
 		return b.eval(ctx, acquireScript, keys, args...)
 	}
@@ -274,6 +281,9 @@ func (b *Backend) TryAcquireClock(ctx context.Context, r dlock.Request) (dlock.G
 		return dlock.Grant{}, 0, err
 	}
 	if g.OK {
+		if r.Fence != 0 {
+			b.tombs.note(lock, g.Fence, now)
+		}
 		if err := b.replicated("acquire", r.Key, v); err != nil {
 			b.releaseGrant(ctx, r, g.Fence)
 			return dlock.Grant{}, 0, err

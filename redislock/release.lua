@@ -8,22 +8,37 @@
 --
 -- Returns 1 when the token's last hold is given up: the lock goes to the
 --           first live FIFO waiter (handed over with a new fence, its
---           Backend told on its wake channel), or else is deleted (and, if
---           a TryAcquire found it held meanwhile, the release channel is
---           PUBLISHed on),
+--           Backend told on its wake channel), or else is deleted or left
+--           as a tombstone (and, if a TryAcquire found it held meanwhile,
+--           the release channel is PUBLISHed on),
 --         2 when the token still holds it (count decremented),
 --         0 when the token does not hold it (nothing changed),
 --         {-1, key, type} when the key holds a value of another type.
 --
--- The common case, the last hold of a lock nobody waited for, makes two
--- redis.calls (GET, DEL) and creates no queue function.
+-- The common case, the last hold of a lock nobody waited for, comes first
+-- and creates no function of lib.lua: two redis.calls (GET, then DEL, or
+-- SET of the tombstone when the fence ran ahead of the clock), and the
+-- value compared as a whole or with one pattern.
+local lock, token, fa = KEYS[1], ARGV[1], ARGV[2]
+local v = redis.pcall('GET', lock)
+if fa ~= '' and type(v) == 'string' then
+  if v == fa .. ':1::0:' .. token then
+    redis.call('DEL', lock)
+    return 1
+  end
+  local ma, mt = string.match(v, '^' .. fa .. ':1::(%d+):(.*)$')
+  if mt == token then
+    -- The tombstone lives until the server clock passes the fence.
+    redis.call('SET', lock, fa .. ':0::' .. ma .. ':', 'PXAT', math.floor(tonumber(fa) / 1000))
+    return 1
+  end
+end
 --#include lib.lua
-local lock = KEYS[1]
-local state, f, n, fl, a, t = decode(lock, redis.pcall('GET', lock))
+local state, f, n, fl, a, t = decode(lock, v)
 if state == 'wrong' then
   return f
 end
-if state ~= 'lock' or n == 0 or t ~= ARGV[1] or (ARGV[2] ~= '' and fmt(f) ~= ARGV[2]) then
+if state ~= 'lock' or n == 0 or t ~= ARGV[1] or (fa ~= '' and fmt(f) ~= fa) then
   return 0
 end
 if n > 1 then
