@@ -182,14 +182,14 @@ func (a *acquisition) agree() (g dlock.Grant, err error, done bool) {
 	// write-back renames the attempt's grants to it.
 	if !a.r.Reentrant {
 		if agreed(a.holds, a.acq, a.floor) {
-			// Every node answered and every grant has the floor as its
-			// fence: the granting nodes, a quorum, hold the lease under its
-			// node token with its fence. Nothing is left to undo.
+			// Every grant has the floor as its fence: the granting nodes, a
+			// quorum, hold the lease under its node token with its fence.
 			if err := a.valid(); err != nil {
 				a.undo(0)
 				return dlock.Grant{}, err, true
 			}
 			a.won = true
+			a.dropStragglers()
 			return dlock.Grant{OK: true, Fence: a.floor, Count: 1, Since: a.start}, nil, true
 		}
 		if a.fence == a.floor {
@@ -445,18 +445,39 @@ func (a *acquisition) rejoin(ctx context.Context, holderTTL time.Duration) (dloc
 }
 
 // agreed reports whether an attempt that proposed floor can skip the
-// write-back: every node answered (no grant may still land anywhere) and
-// every grant is a fresh one with the floor as its fence.
+// write-back: every grant it knows of (a quorum, see acquire) is a fresh
+// one with the floor as its fence. A node that did not answer, or failed,
+// is not part of the lease (see dropStragglers).
 func agreed(holds []hold, acq []answer[dlock.Grant], floor uint64) bool {
 	for i, a := range acq {
-		if holds[i].maybe || !a.done {
-			return false
-		}
-		if a.err == nil && a.val.OK && (a.val.Fence != floor || a.val.Count != 1) {
+		if !holds[i].maybe && a.done && a.err == nil && a.val.OK && (a.val.Fence != floor || a.val.Count != 1) {
 			return false
 		}
 	}
 	return true
+}
+
+// dropStragglers gives back, in the background, what the nodes that did
+// not answer the acquire (or failed) may hold for an attempt granted
+// without a write-back: their grant, if it landed, carries the lease's
+// node token but is not part of the lease (a grant that comes back after
+// the fan-out ended is given back by lateGrant as well). The lease's own
+// Refresh and Release act on its node token and fence only, so nothing
+// else of it is touched.
+func (a *acquisition) dropStragglers() {
+	stragglers := false
+	for i := range a.holds {
+		h := &a.holds[i]
+		if h.maybe {
+			h.answer = false // do not wait for it
+			stragglers = true
+		} else {
+			*h = hold{}
+		}
+	}
+	if stragglers {
+		a.undo(0)
+	}
 }
 
 // holderTTL returns how long until need more nodes could be free: the

@@ -38,19 +38,24 @@
 //     attempt proposes a fence floor: this process's clock
 //     in µs plus 5ms (and plus how far ahead of it the nodes' fences were
 //     seen), above every floor and fence it proposed or saw before. On a
-//     node the script issues max(server TIME in µs, floor, a tombstone's
-//     fence + 1) and reports its TIME; how far the nodes' clocks run ahead
-//     of this process's is learnt from those (TIME less this process's
-//     clock when the reply came: a lower bound, which a stalled client
-//     cannot inflate), not from the fences.
+//     node the script issues max(server TIME in µs, floor) for a free
+//     lock, and reports its TIME, or max(floor, a tombstone's fence + 1)
+//     for a lock that holds a tombstone (see redislock, Fencing); how far
+//     the nodes' clocks run ahead of this process's is learnt from the
+//     TIMEs reported (TIME less this process's clock when the reply came:
+//     a lower bound, which a stalled client cannot inflate), not from the
+//     fences.
 //  2. The attempt needs a quorum of grants. As soon as a quorum can no
 //     longer be reached it stops waiting for slow nodes (fail fast). Once
 //     the outcome is decided, slower nodes get a grace of as long as the
 //     decision took (at least 2ms), so that a lease normally holds every
 //     node that works, and a failed attempt undoes at once what it knows
 //     of.
-//  3. When every node answered and every grant carries exactly the floor,
-//     the nodes agree already: the floor is the fence. Otherwise the fence
+//  3. When every grant carries exactly the floor, the granting nodes (a
+//     quorum) agree already: the floor is the fence, and a node that did
+//     not answer or failed is left out of the lease and given back in the
+//     background (before, such a node forced a write-back: 1–4% of the
+//     uncontended acquisitions on a loaded machine). Otherwise the fence
 //     is the maximum over the granting nodes (one more, if that is the
 //     floor); it is written back (redislock's Adopt: token and fence) to
 //     every node that answered and the lease needs a quorum of
@@ -79,9 +84,11 @@
 // its Backend before the floor). A non-reentrant lease
 // of token T with fence F holds the nodes as T~F (base 36): the
 // write-back renames the attempt's token to it, and when no write-back
-// is needed they are the same — but then every node answered, so no
-// command of the attempt is still in flight. Either way a command of an
-// earlier attempt still in flight can never touch a later grant. Refresh
+// is needed they are the same: a command of the attempt still in flight
+// (on a node that did not answer) can then only grant this lease's token
+// on that node, a hold outside the lease that is given back. Either way a
+// command of an earlier attempt still in flight can never touch a later
+// grant (a later lease has another token). Refresh
 // and Release derive T~F from the request's token and fence; Inspect
 // reports T. A reentrant lease holds the nodes as T itself, so that
 // another process of the same owner can re-enter it; the write-back
@@ -104,9 +111,14 @@
 // answer) or the lease is reentrant (WithOwner). A re-entry by another
 // process of the owner costs two more (give back, re-enter), and the
 // give-back of any hold it added on a node that did not count the
-// earlier one. Server commands per node and cycle: 6, plus 1 when the
-// acquire finds the tombstone of a release less than the floor's margin
-// ago (S1 measured 35.5 per cycle of 5 nodes, redsync(5) 20). Each node's
+// earlier one. Server commands per node and cycle: 6 (acquire: EVALSHA,
+// TIME, SET NX PX GET; release: EVALSHA, GET, DEL or SET of a tombstone).
+// A lock taken again within the floor's margin of its release holds that
+// release's tombstone; the node's redislock.Backend, which granted it,
+// expects it and reads the lock first (EVALSHA, GET, SET: no TIME), so
+// that cycle costs 6 too (S1 measured 30.1 per cycle of 5 nodes, the
+// excess being write-backs after a node answered late; redsync(5) 20).
+// Each node's
 // go-redis client should not retry on its own (MaxRetries: -1 and DialerRetries: 1
 // in redis.Options; go-redis otherwise retries a refused dial 5 times,
 // 100ms apart): Redlock tolerates failed nodes, a retry only spends the
@@ -127,9 +139,10 @@
 // Fa (written back, or granted with exactly Fa). B was granted by a
 // quorum QB. Two quorums intersect, so some node n is in both, and B's
 // script on n ran after A's hold on n ended. A's hold ended by a release,
-// which leaves a tombstone at Fa for as long as Fa ran ahead of n's clock
-// at the grant (redislock: AHEAD), so B's script issued either more than
-// the tombstone or its TIME, which is past Fa once the tombstone is gone;
+// which, when Fa ran ahead of n's clock at the grant, leaves a tombstone
+// at Fa until n's clock passes Fa, so B's script issued either more than
+// the tombstone or at least its TIME, which is past Fa once the tombstone
+// is gone;
 // or by an expiry, a lease TTL after the grant, when n's TIME is past Fa
 // as long as Fa ran ahead of n's clock by less than the TTL. Fb is the
 // maximum over QB, so Fb ≥ fb,n > Fa.
@@ -230,21 +243,31 @@
 // the wait for the slowest of five nodes instead of one (before the floor,
 // with a write-back round trip on every acquisition: 1.63–1.70× at 10 ms).
 //
-// Against go-redsync's Redlock over the same five loopback nodes (per
-// node and cycle one SET NX and one compare-and-delete script, 4 server
+// Against go-redsync's Redlock over the same five loopback nodes (per node
+// and cycle one SET NX and one compare-and-delete script, 4 server
 // commands, no fence), the gap is the nodes' work, not the round trips
-// (two in parallel for both) nor the client. A fence needs a script on
-// both sides: the acquire must issue a fence above the node's clock and
-// above a tombstone, which a plain SET NX cannot compare, and the release
-// must check the token and fence and leave the tombstone. So each node
-// runs two scripts per cycle where redsync's runs one, 7 commands where
-// it runs 4; what the scripts do costs, not their number (two trivial
-// scripts per node cost about what redsync's commands do). Measured on a
-// shared 2-core machine (load 2–4, three runs, medians): the same bare
-// fan-out client sending redislock's scripts reaches 0.70× the cycles per
-// second it reaches with redsync's commands, and the dlock.Client over
-// this package is 0.90× that bare client where redsync is 0.93× its own,
-// for 0.68× redsync's cycles per second in all.
-// The project-wide comparison with etcd, ZooKeeper
-// and peer libraries is in docs/BENCHMARKS.md.
+// (two in parallel for both). A fence needs a script on both sides: the
+// acquire must issue a fence above the node's clock and above a tombstone,
+// which a plain SET NX cannot compare, and the release must check the
+// token and fence and leave the tombstone. So each node runs two scripts
+// per cycle where redsync's runs one, 6 commands where it runs 4, and on
+// Redis 7.0 a script costs about 2 µs of server time before it does
+// anything (an EVALSHA that runs one GET: 1.7–2.0 µs, the GET alone 0.1
+// µs; see redislock, Scripts and cost). Measured on a shared 2-core
+// machine (five runs of the bench's S1 at load 3–7, each alternating with
+// the previous code): 0.72–0.90×, median 0.80× redsync(5)'s cycles per
+// second, and 30.05–30.07 server commands per cycle (the previous code:
+// 0.61–0.78×, median 0.75×, 35.04–35.08; the excess over 30: a TIME every
+// few hundred cycles, see redislock, Fencing, and nodes that answer late:
+// a grant given back, an acquire that finds a release still on its way).
+// Per cycle the five servers spend 1.3–1.7× the CPU time they spend for
+// redsync, and the client 1.0–1.3× redsync's (a loop alternating the two,
+// seven runs). What narrowed the gap: no second SET on a tombstone (35 →
+// 30 commands), scripts whose common case creates none of lib.lua's
+// functions, one deadline context per fan-out instead of one timer per
+// node, and fan-out workers that keep their stacks and exit after 50ms
+// idle (a new goroutine per node call grew its stack to go-redis' depth
+// every time: about a tenth of this process's CPU in that loop). The
+// project-wide comparison with etcd, ZooKeeper and peer libraries is in
+// docs/BENCHMARKS.md.
 package redlock

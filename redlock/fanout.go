@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dlock-go/dlock"
@@ -35,8 +36,8 @@ type answer[T any] struct {
 //     below);
 //   - ctx ends: the error is then ctx's.
 //
-// Each call runs directly on its own goroutine with the context nodeCtx
-// gives it; with f.detach the calls still running when gather returns are
+// Each call runs on a worker goroutine of its own (see workers) with the
+// context callCtxs gives it; with f.detach the calls still running when gather returns are
 // not cancelled (a release or a refresh that a slow node still applies
 // helps). A reply that comes after gather returned goes to late, if not
 // nil, on the call's goroutine (to give back a late grant, undo a late
@@ -64,10 +65,10 @@ func gather[T any](ctx context.Context, b *Backend, idx []int, f fan,
 	)
 	deadline, timeout := f.deadline, f.timeout
 	start := time.Now()
+	nctx, ncancel := b.callCtxs(cctx, idx, deadline, timeout, f.detach)
 	for _, i := range idx {
-		go func() {
-			nctx, ncancel := b.nodeCtx(cctx, i, deadline, timeout, f.detach)
-			v, err := call(nctx, i)
+		b.workers.run(func() {
+			v, err := call(nctx(i), i)
 			ncancel()
 			mu.Lock()
 			if returned {
@@ -79,7 +80,7 @@ func gather[T any](ctx context.Context, b *Backend, idx []int, f fan,
 			}
 			ch <- reply{i, v, err}
 			mu.Unlock()
-		}()
+		})
 	}
 	// finish keeps the replies already sent: after it, every reply is late.
 	finish := func() ([]answer[T], error) {
@@ -144,11 +145,13 @@ type fan struct {
 	detach   bool          // calls outlive the fan-out: not cancelled when it ends
 }
 
-// nodeCtx returns the context of one call on node i in a fan-out: ctx
-// (the fan-out's, cancelled when it ends) made to suit the node's client.
-// The fan-out's collector enforces the deadline; the call runs directly
-// on its goroutine, never on a redislock helper goroutine (one goroutine
-// hand-off fewer per node and call, which shows on a loaded machine):
+// callCtxs returns the context of each call on a node of idx in a
+// fan-out, made from ctx (the fan-out's, cancelled when it ends) to suit
+// the node's client, and done, which every call runs once when it
+// returns. The fan-out's collector enforces the deadline; the call runs
+// directly on its worker, never on a redislock helper goroutine (one
+// goroutine hand-off fewer per node and call, which shows on a loaded
+// machine):
 //
 //   - with ContextTimeoutEnabled, go-redis bounds the call by the deadline
 //     plus one node timeout (room for the collector's one extension), and
@@ -156,14 +159,36 @@ type fan struct {
 //   - otherwise the call is bounded by the client's ReadTimeout and
 //     WriteTimeout, and a reply after the fan-out ended goes to its late
 //     handler.
-func (b *Backend) nodeCtx(ctx context.Context, i int, deadline time.Time, timeout time.Duration, detach bool) (context.Context, context.CancelFunc) {
+//
+// The calls share one context of each kind: one timer per fan-out, not
+// one per node, released by the last call's done.
+func (b *Backend) callCtxs(ctx context.Context, idx []int, deadline time.Time, timeout time.Duration, detach bool) (func(i int) context.Context, func()) {
 	if detach {
 		ctx = context.WithoutCancel(ctx)
 	}
-	if b.cte[i] {
-		return context.WithDeadline(ctx, deadline.Add(timeout))
+	var timed, plain context.Context
+	cancel := context.CancelFunc(func() {})
+	for _, i := range idx {
+		switch {
+		case b.cte[i] && timed == nil:
+			timed, cancel = context.WithDeadline(ctx, deadline.Add(timeout))
+		case !b.cte[i] && plain == nil:
+			plain = context.WithoutCancel(ctx)
+		}
 	}
-	return context.WithoutCancel(ctx), func() {}
+	var left atomic.Int32
+	left.Store(int32(len(idx)))
+	of := func(i int) context.Context {
+		if b.cte[i] {
+			return timed
+		}
+		return plain
+	}
+	return of, func() {
+		if left.Add(-1) == 0 {
+			cancel()
+		}
+	}
 }
 
 // quorumJudge returns a judge for "at least need replies satisfy ok": met

@@ -50,6 +50,8 @@ type Backend struct {
 	floor atomic.Uint64
 	ahead atomic.Int64
 
+	workers workers // run the node calls of fan-outs
+
 	mu     sync.Mutex
 	closed bool
 	bg     sync.WaitGroup // background clean-ups, awaited by Close
@@ -319,9 +321,10 @@ func (b *Backend) Refresh(ctx context.Context, r dlock.Request) error {
 	start := time.Now()
 	timeout := b.cfg.timeout(r.TTL)
 	deadline := start.Add(timeout)
+	nr := nodeRequest(r)
 	ans, err := gather(ctx, b, b.all, fan{deadline: deadline, timeout: timeout, detach: true},
 		func(ctx context.Context, i int) (struct{}, error) {
-			return struct{}{}, b.nodes[i].Refresh(ctx, nodeRequest(r))
+			return struct{}{}, b.nodes[i].Refresh(ctx, nr)
 		},
 		quorumJudge(b.quorum, func(_ struct{}, err error) bool { return err == nil }),
 		nil)
@@ -465,9 +468,10 @@ func (b *Backend) Release(ctx context.Context, r dlock.Request) error {
 	deadline := time.Now().Add(timeout)
 	// Detached: a node slower than the quorum still gets the release after
 	// Release returned.
+	nr := nodeRequest(r)
 	ans, err := gather(ctx, b, b.all, fan{deadline: deadline, timeout: timeout, detach: true},
 		func(ctx context.Context, i int) (struct{}, error) {
-			return struct{}{}, b.nodes[i].Release(ctx, nodeRequest(r))
+			return struct{}{}, b.nodes[i].Release(ctx, nr)
 		},
 		func(ans []answer[struct{}], _ int) (bool, bool) {
 			// Decided once a quorum released it, or once so many do not
