@@ -30,10 +30,7 @@ type Cluster struct {
 // stops what it started and returns nil.
 func StartCluster() (*Cluster, error) {
 	c := &Cluster{nodes: make([]*Redis, 3)}
-	if err := c.start(); err != nil {
-		return nil, errors.Join(err, c.Stop())
-	}
-	return c, nil
+	return startedOrStopped(c, c.start())
 }
 
 func (c *Cluster) start() error {
@@ -81,13 +78,10 @@ func (c *Cluster) WaitOK(timeout time.Duration) error {
 }
 
 func clusterNodeOK(n *Redis, size int) error {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	v, err := n.Do(ctx, "CLUSTER", "INFO")
+	info, err := infoText(n, "CLUSTER", "INFO")
 	if err != nil {
 		return err
 	}
-	info, _ := v.(string)
 	if st := infoField(info, "cluster_state"); st != "ok" {
 		return fmt.Errorf("cluster_state is %q, want ok", st)
 	}
@@ -122,9 +116,7 @@ func startClusterNodes(nodes []*Redis) error {
 	errs := make([]error, len(nodes))
 	var wg sync.WaitGroup
 	for i := range nodes {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			nodes[i], errs[i] = startRedis(redisSpec{
 				kind:    "cluster",
 				busPort: true,
@@ -138,7 +130,7 @@ func startClusterNodes(nodes []*Redis) error {
 					), nil
 				},
 			})
-		}()
+		})
 	}
 	wg.Wait()
 	return errors.Join(errs...)

@@ -22,7 +22,10 @@
 //
 // Servers are stopped by PID, never by process name. Stop sends SIGTERM,
 // waits up to [StopGrace] (5 s) and then sends SIGKILL; Kill sends SIGKILL at
-// once. Both wait until the process has exited.
+// once. Both wait until the process has exited. Every kind of server has the
+// same process methods (PID, Dir, LogFile, Kill, Restart, Pause, Resume),
+// one implementation shared by all; what a Restart waits for and what
+// survives a Kill is in each kind's doc.
 //
 // On Linux every server is started with Pdeathsig = SIGKILL, so it is killed
 // when the process that started it dies, even by SIGKILL (for example when

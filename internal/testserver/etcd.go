@@ -31,13 +31,46 @@ type EtcdOptions struct {
 // temporary directory. It runs with the zap logger and etcd's defaults
 // otherwise (heartbeat 100 ms, election timeout 1000 ms).
 //
+// Restart waits until /health reports true. In a cluster that needs a
+// quorum of members running, so restart members of a cluster that lost its
+// quorum concurrently. A Kill keeps the data directory.
+//
 // Its methods are safe for concurrent use.
 type Etcd struct {
 	host       string // listen address; "" is 127.0.0.1 (see ip)
 	name       string // member name
 	clientPort int
 	peerPort   int
-	srv        *server
+	lifecycle
+}
+
+// etcdBootstrap returns the --initial-cluster flag's value for members
+// ("name=peerURL,...") and a new cluster token.
+func etcdBootstrap(members []*Etcd) (initial, token string) {
+	names := make([]string, len(members))
+	for i, m := range members {
+		names[i] = m.name + "=" + m.peerURL()
+	}
+	return strings.Join(names, ","), fmt.Sprintf("testserver-%d-%d", os.Getpid(), clusterSeq.Add(1))
+}
+
+// etcdArgs returns the flags of member m of a new cluster (see
+// etcdBootstrap), with its data under dir.
+func etcdArgs(m *Etcd, dir, initial, token string) []string {
+	url := m.ClientURL()
+	return []string{
+		"--name", m.name,
+		"--data-dir", filepath.Join(dir, "data"),
+		"--listen-client-urls", url,
+		"--advertise-client-urls", url,
+		"--listen-peer-urls", m.peerURL(),
+		"--initial-advertise-peer-urls", m.peerURL(),
+		"--initial-cluster", initial,
+		"--initial-cluster-state", "new",
+		"--initial-cluster-token", token,
+		"--logger", "zap",
+		"--log-outputs", "stderr",
+	}
 }
 
 // clusterSeq makes every cluster token unique within this process, so a
@@ -83,15 +116,9 @@ func startEtcdCluster(n int, opts EtcdOptions) (*EtcdCluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	for attempt := 1; ; attempt++ {
-		c, err := tryStartEtcdCluster(n, bin, timeout)
-		if err == nil {
-			return c, nil
-		}
-		if !errors.Is(err, errBind) || attempt == maxBindAttempts {
-			return nil, err
-		}
-	}
+	return retryBind(false, func() (*EtcdCluster, error) {
+		return tryStartEtcdCluster(n, bin, timeout)
+	})
 }
 
 func tryStartEtcdCluster(n int, bin string, timeout time.Duration) (_ *EtcdCluster, err error) {
@@ -105,12 +132,10 @@ func tryStartEtcdCluster(n int, bin string, timeout time.Duration) (_ *EtcdClust
 			_ = c.Stop()
 		}
 	}()
-	token := fmt.Sprintf("testserver-%d-%d", os.Getpid(), clusterSeq.Add(1))
-	var initial []string
 	for i := range c.members {
 		c.members[i] = &Etcd{name: fmt.Sprintf("m%d", i), clientPort: ps[2*i], peerPort: ps[2*i+1]}
-		initial = append(initial, c.members[i].name+"="+c.members[i].peerURL())
 	}
+	initial, token := etcdBootstrap(c.members)
 	env := filterEnv("ETCD_") // etcd reads ETCD_* variables as flags
 	for _, m := range c.members {
 		dir, err := os.MkdirTemp("", "dlock-testserver-etcd-")
@@ -119,21 +144,9 @@ func tryStartEtcdCluster(n int, bin string, timeout time.Duration) (_ *EtcdClust
 		}
 		url := m.ClientURL()
 		m.srv = &server{
-			name: "etcd " + m.Endpoints()[0],
-			bin:  bin,
-			args: []string{
-				"--name", m.name,
-				"--data-dir", filepath.Join(dir, "data"),
-				"--listen-client-urls", url,
-				"--advertise-client-urls", url,
-				"--listen-peer-urls", m.peerURL(),
-				"--initial-advertise-peer-urls", m.peerURL(),
-				"--initial-cluster", strings.Join(initial, ","),
-				"--initial-cluster-state", "new",
-				"--initial-cluster-token", token,
-				"--logger", "zap",
-				"--log-outputs", "stderr",
-			},
+			name:    "etcd " + m.Endpoints()[0],
+			bin:     bin,
+			args:    etcdArgs(m, dir, initial, token),
 			env:     env,
 			dir:     dir,
 			logPath: filepath.Join(dir, "etcd.log"),
@@ -157,9 +170,7 @@ func tryStartEtcdCluster(n int, bin string, timeout time.Duration) (_ *EtcdClust
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for i, m := range c.members {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			errs[i] = m.srv.awaitReadyWith(func() error {
 				for j, p := range procs {
 					if j != i && p.exited() {
@@ -168,7 +179,7 @@ func tryStartEtcdCluster(n int, bin string, timeout time.Duration) (_ *EtcdClust
 				}
 				return m.srv.ready()
 			})
-		}()
+		})
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
@@ -262,18 +273,6 @@ func (e *Etcd) ip() string {
 // Name returns the member name ("m0", "m1", ...).
 func (e *Etcd) Name() string { return e.name }
 
-// PID returns the process id of the running member, or 0 after Kill or Stop
-// (or if it died on its own).
-func (e *Etcd) PID() int { return e.srv.pid() }
-
-// Dir returns the member's temporary directory (data/ and etcd.log). It
-// exists until Stop.
-func (e *Etcd) Dir() string { return e.srv.dir }
-
-// LogFile returns the path of the member's log; it is appended to across
-// restarts and removed with Dir by Stop.
-func (e *Etcd) LogFile() string { return e.srv.logPath }
-
 // Stop sends SIGTERM, waits up to StopGrace (5 s), then sends SIGKILL, waits
 // for the process to exit and removes Dir. A paused member is resumed so it
 // can shut down. Stop is idempotent and safe on a nil *Etcd; after Stop the
@@ -284,24 +283,6 @@ func (e *Etcd) Stop() error {
 	}
 	return e.srv.stop(true)
 }
-
-// Kill sends SIGKILL and waits for the process to exit; a no-op if it is not
-// running. The data directory is kept so Restart can reuse it.
-func (e *Etcd) Kill() error { return e.srv.kill() }
-
-// Restart kills the member if it is running, starts it again with the same
-// ports and data directory, and waits until /health reports true (bounded by
-// StartTimeout). In a cluster that needs a quorum of members running, so
-// restart members of a cluster that lost its quorum concurrently.
-func (e *Etcd) Restart() error { return e.srv.restart() }
-
-// Pause stops the member with SIGSTOP until Resume. It fails if the member is
-// not running.
-func (e *Etcd) Pause() error { return e.srv.pause() }
-
-// Resume continues a paused member with SIGCONT. It fails if the member is
-// not running.
-func (e *Etcd) Resume() error { return e.srv.resume() }
 
 // status is the part of POST /v3/maintenance/status we read; the gateway
 // encodes uint64 as JSON strings.
@@ -354,11 +335,9 @@ func (c *EtcdCluster) Leader() (*Etcd, error) {
 		errs := make([]error, len(c.members))
 		var wg sync.WaitGroup
 		for i, m := range c.members {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				sts[i], errs[i] = m.status()
-			}()
+			})
 		}
 		wg.Wait()
 		for i, st := range sts {
@@ -391,11 +370,9 @@ func (c *EtcdCluster) Stop() error {
 		if m == nil {
 			continue
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			errs[i] = m.srv.stop(false)
-		}()
+		})
 	}
 	wg.Wait()
 	return errors.Join(errs...)

@@ -6,7 +6,6 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -49,8 +48,8 @@ type PostgresOptions struct {
 //
 // Its methods are safe for concurrent use.
 type Postgres struct {
-	port int
-	srv  *server
+	port      int
+	lifecycle // with its own Kill, Restart, Pause and Resume
 }
 
 // StartPostgres runs initdb in a new temporary directory, starts postgres
@@ -60,10 +59,7 @@ type Postgres struct {
 // error matching [ErrNotInstalled] if initdb or postgres cannot be found
 // (in PATH, else under /usr/lib/postgresql/*/bin).
 func StartPostgres(opts PostgresOptions) (*Postgres, error) {
-	if err := checkPort(opts.Port); err != nil {
-		return nil, err
-	}
-	timeout, err := startTimeout(opts.StartTimeout)
+	timeout, err := checkStart(opts.Port, opts.StartTimeout)
 	if err != nil {
 		return nil, err
 	}
@@ -71,12 +67,9 @@ func StartPostgres(opts PostgresOptions) (*Postgres, error) {
 	if err != nil {
 		return nil, err
 	}
-	if opts.Port != 0 {
-		reservePort(opts.Port)
-	}
-	dir, err := os.MkdirTemp("", "dlock-testserver-postgres-")
+	dir, err := serverDir("postgres", opts.Port)
 	if err != nil {
-		return nil, fmt.Errorf("testserver: %w", err)
+		return nil, err
 	}
 	prefix, err := postgresPrefix(dir)
 	if err != nil {
@@ -97,16 +90,14 @@ func StartPostgres(opts PostgresOptions) (*Postgres, error) {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("testserver: initdb: %w\n%s", err, out)
 	}
-	for attempt := 1; ; attempt++ {
-		p, err := tryStartPostgres(opts, timeout, bindir, prefix, dir)
-		if err == nil {
-			return p, nil
-		}
-		if !errors.Is(err, errBind) || opts.Port != 0 || attempt == maxBindAttempts {
-			os.RemoveAll(dir)
-			return nil, err
-		}
+	p, err := retryBind(opts.Port != 0, func() (*Postgres, error) {
+		return tryStartPostgres(opts, timeout, bindir, prefix, dir)
+	})
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
 	}
+	return p, nil
 }
 
 func tryStartPostgres(opts PostgresOptions, timeout time.Duration, bindir string, prefix []string, dir string) (*Postgres, error) {
@@ -259,18 +250,6 @@ func (p *Postgres) Port() int { return p.port }
 func (p *Postgres) DSN() string {
 	return "postgres://postgres@" + p.Addr() + "/postgres?sslmode=disable"
 }
-
-// PID returns the process id of the running postmaster, or 0 after Kill or
-// Stop (or if it died on its own).
-func (p *Postgres) PID() int { return p.srv.pid() }
-
-// Dir returns the server's temporary directory (data/ and postgres.log).
-// It exists until Stop.
-func (p *Postgres) Dir() string { return p.srv.dir }
-
-// LogFile returns the path of the server's log; it is appended to across
-// restarts and removed with Dir by Stop.
-func (p *Postgres) LogFile() string { return p.srv.logPath }
 
 // Stop asks the server for a fast shutdown (SIGINT: sessions are
 // disconnected), then stops it as every server is stopped (SIGTERM, SIGKILL

@@ -56,6 +56,22 @@ var errBind = errors.New("address already in use")
 // maxBindAttempts bounds the retries after bind failures on picked ports.
 const maxBindAttempts = 5
 
+// retryBind calls try until it succeeds, fails for another reason than a
+// port in use, or has failed maxBindAttempts times, and returns its
+// outcome (nil and the last error on failure). With fixed ports (the
+// caller's, not picked) a port in use is not retried.
+func retryBind[T any](fixed bool, try func() (*T, error)) (*T, error) {
+	for attempt := 1; ; attempt++ {
+		v, err := try()
+		if err == nil {
+			return v, nil
+		}
+		if !errors.Is(err, errBind) || fixed || attempt == maxBindAttempts {
+			return nil, err
+		}
+	}
+}
+
 // ---------------------------------------------------------------------------
 // Ports
 
@@ -255,14 +271,10 @@ func (p *proc) stop(grace time.Duration) error {
 	if err := p.terminate(); err != nil {
 		return p.kill()
 	}
-	t := time.NewTimer(grace)
-	defer t.Stop()
-	select {
-	case <-p.done:
+	if p.exitsWithin(grace) {
 		return nil
-	case <-t.C:
-		return p.kill()
 	}
+	return p.kill()
 }
 
 // kill sends SIGKILL to the process group and waits for the process to exit.
@@ -273,13 +285,22 @@ func (p *proc) kill() error {
 	if err := p.signalGroup(sigKill); err != nil && !p.exited() {
 		return fmt.Errorf("testserver: kill %s (pid %d): %w", p.name, p.pid, err)
 	}
-	t := time.NewTimer(killWait)
+	if p.exitsWithin(killWait) {
+		return nil
+	}
+	return fmt.Errorf("testserver: %s (pid %d) did not exit %v after SIGKILL", p.name, p.pid, killWait)
+}
+
+// exitsWithin waits up to d for the process to exit and reports whether
+// it did.
+func (p *proc) exitsWithin(d time.Duration) bool {
+	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-p.done:
-		return nil
+		return true
 	case <-t.C:
-		return fmt.Errorf("testserver: %s (pid %d) did not exit %v after SIGKILL", p.name, p.pid, killWait)
+		return false
 	}
 }
 
@@ -460,6 +481,28 @@ func checkPort(port int) error {
 	return nil
 }
 
+// checkStart checks the Port and StartTimeout options of a server and
+// returns the start timeout to use.
+func checkStart(port int, d time.Duration) (time.Duration, error) {
+	if err := checkPort(port); err != nil {
+		return 0, err
+	}
+	return startTimeout(d)
+}
+
+// serverDir reserves port (unless 0, a free one picked later) and creates
+// the temporary directory of a server of kind.
+func serverDir(kind string, port int) (string, error) {
+	if port != 0 {
+		reservePort(port)
+	}
+	dir, err := os.MkdirTemp("", "dlock-testserver-"+kind+"-")
+	if err != nil {
+		return "", fmt.Errorf("testserver: %w", err)
+	}
+	return dir, nil
+}
+
 // StopAll stops every server concurrently and returns the errors joined with
 // errors.Join (nil if all stopped cleanly). Nil servers are skipped.
 func StopAll[T interface{ Stop() error }](servers ...T) error {
@@ -469,11 +512,9 @@ func StopAll[T interface{ Stop() error }](servers ...T) error {
 		if any(s) == nil {
 			continue
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			errs[i] = s.Stop()
-		}()
+		})
 	}
 	wg.Wait()
 	return errors.Join(errs...)

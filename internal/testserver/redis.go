@@ -43,11 +43,16 @@ type RedisOptions struct {
 // repl-diskless-sync-delay 0 (a replica's full sync starts at once instead
 // of 5 s later).
 //
+// Restart waits until the server answers PING; for sentinels and cluster
+// nodes it does not wait for the sentinel or cluster state to settle. After
+// a Kill, a server with Persistence keeps its data, one without restarts
+// empty.
+//
 // Its methods are safe for concurrent use.
 type Redis struct {
 	port    int
 	busPort int // cluster bus port, 0 if not a cluster node
-	srv     *server
+	lifecycle
 }
 
 // StartRedis starts one redis-server and returns once it answers PING. On
@@ -55,10 +60,7 @@ type Redis struct {
 // leaves nothing running or on disk. It fails with an error matching
 // [ErrNotInstalled] if redis-server is not in PATH.
 func StartRedis(opts RedisOptions) (*Redis, error) {
-	if err := checkPort(opts.Port); err != nil {
-		return nil, err
-	}
-	timeout, err := startTimeout(opts.StartTimeout)
+	timeout, err := checkStart(opts.Port, opts.StartTimeout)
 	if err != nil {
 		return nil, err
 	}
@@ -86,11 +88,9 @@ func StartRedisN(n int, opts RedisOptions) ([]*Redis, error) {
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for i := range nodes {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			nodes[i], errs[i] = StartRedis(opts)
-		}()
+		})
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
@@ -116,23 +116,18 @@ func startRedis(spec redisSpec) (*Redis, error) {
 	if err != nil {
 		return nil, err
 	}
-	if spec.port != 0 {
-		reservePort(spec.port)
-	}
-	dir, err := os.MkdirTemp("", "dlock-testserver-"+spec.kind+"-")
+	dir, err := serverDir(spec.kind, spec.port)
 	if err != nil {
-		return nil, fmt.Errorf("testserver: %w", err)
+		return nil, err
 	}
-	for attempt := 1; ; attempt++ {
-		r, err := tryStartRedis(spec, bin, dir)
-		if err == nil {
-			return r, nil
-		}
-		if !errors.Is(err, errBind) || spec.port != 0 || attempt == maxBindAttempts {
-			os.RemoveAll(dir)
-			return nil, err
-		}
+	r, err := retryBind(spec.port != 0, func() (*Redis, error) {
+		return tryStartRedis(spec, bin, dir)
+	})
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
 	}
+	return r, nil
 }
 
 func tryStartRedis(spec redisSpec, bin, dir string) (*Redis, error) {
@@ -207,18 +202,6 @@ func (r *Redis) Addr() string {
 // Port returns the server's TCP port.
 func (r *Redis) Port() int { return r.port }
 
-// PID returns the process id of the running server, or 0 after Kill or
-// Stop (or if it died on its own).
-func (r *Redis) PID() int { return r.srv.pid() }
-
-// Dir returns the server's temporary directory (working directory, data and
-// redis.log). It exists until Stop.
-func (r *Redis) Dir() string { return r.srv.dir }
-
-// LogFile returns the path of the server's log; it is appended to across
-// restarts and removed with Dir by Stop.
-func (r *Redis) LogFile() string { return r.srv.logPath }
-
 // Stop sends SIGTERM, waits up to StopGrace (5 s), then sends SIGKILL, waits
 // for the process to exit and removes Dir. A paused server is resumed so it
 // can shut down. Stop is idempotent and safe on a nil *Redis; after Stop the
@@ -230,45 +213,12 @@ func (r *Redis) Stop() error {
 	return r.srv.stop(true)
 }
 
-// Kill sends SIGKILL (to the server's process group) and waits for it to
-// exit; a no-op if it is not running. Dir is kept so Restart can reuse it:
-// with Persistence the data survives, without it the server restarts empty.
-func (r *Redis) Kill() error { return r.srv.kill() }
-
-// Restart kills the server if it is running, starts it again with the same
-// arguments, port and directory, and waits until it answers PING (bounded by
-// StartTimeout). It fails if the port has been taken meanwhile or the server
-// was stopped. For sentinels and cluster nodes it does not wait for the
-// sentinel or cluster state to settle.
-func (r *Redis) Restart() error { return r.srv.restart() }
-
-// Pause stops the server with SIGSTOP: connections stay open but nothing is
-// answered until Resume. It fails if the server is not running.
-func (r *Redis) Pause() error { return r.srv.pause() }
-
-// Resume continues a paused server with SIGCONT. It fails if the server is
-// not running.
-func (r *Redis) Resume() error { return r.srv.resume() }
-
 // Do sends one command over a new connection and returns the reply: string
 // for simple and bulk strings, int64 for integers, nil for null, []any for
 // arrays; an error reply is returned as a [RedisError] error. ctx bounds the
 // call; without a deadline it is bounded by 5 s.
 func (r *Redis) Do(ctx context.Context, args ...string) (any, error) {
 	return respDo(ctx, r.Addr(), args...)
-}
-
-// info returns one INFO section as text.
-func (r *Redis) info(ctx context.Context, section string) (string, error) {
-	v, err := r.Do(ctx, "INFO", section)
-	if err != nil {
-		return "", err
-	}
-	s, ok := v.(string)
-	if !ok {
-		return "", fmt.Errorf("INFO %s replied %T", section, v)
-	}
-	return s, nil
 }
 
 // poll calls check every 100 ms until it returns nil or timeout passes, and

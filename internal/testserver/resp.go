@@ -90,12 +90,9 @@ func readReply(r *bufio.Reader) (any, error) {
 	case ':':
 		return strconv.ParseInt(body, 10, 64)
 	case '$':
-		n, err := strconv.Atoi(body)
-		if err != nil {
-			return nil, fmt.Errorf("testserver: bad bulk length %q", body)
-		}
+		n, err := respLen(body, "bulk")
 		if n < 0 {
-			return nil, nil
+			return nil, err // a null bulk string, or a bad length
 		}
 		buf := make([]byte, n+2)
 		if _, err := io.ReadFull(r, buf); err != nil {
@@ -103,12 +100,9 @@ func readReply(r *bufio.Reader) (any, error) {
 		}
 		return string(buf[:n]), nil
 	case '*':
-		n, err := strconv.Atoi(body)
-		if err != nil {
-			return nil, fmt.Errorf("testserver: bad array length %q", body)
-		}
+		n, err := respLen(body, "array")
 		if n < 0 {
-			return nil, nil
+			return nil, err // a null array, or a bad length
 		}
 		arr := make([]any, n)
 		for i := range arr {
@@ -119,6 +113,34 @@ func readReply(r *bufio.Reader) (any, error) {
 		return arr, nil
 	}
 	return nil, fmt.Errorf("testserver: unsupported RESP type %q", kind)
+}
+
+// respLen parses the length of a bulk string or array (kind names it in
+// errors). A negative length (null) or an error returns -1.
+func respLen(body, kind string) (int, error) {
+	n, err := strconv.Atoi(body)
+	if err != nil {
+		return -1, fmt.Errorf("testserver: bad %s length %q", kind, body)
+	}
+	return max(n, -1), nil
+}
+
+// respDoer is a server that answers RESP commands: a Redis or a NetRedis.
+type respDoer interface {
+	Do(ctx context.Context, args ...string) (any, error)
+}
+
+// infoText sends the INFO-like command args to n, bounded by a second, and
+// returns its reply as text ("" if the reply is not a string).
+func infoText(n respDoer, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	v, err := n.Do(ctx, args...)
+	if err != nil {
+		return "", err
+	}
+	s, _ := v.(string)
+	return s, nil
 }
 
 // infoField returns the value of field in an INFO reply, or "".

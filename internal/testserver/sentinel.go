@@ -34,10 +34,7 @@ type Sentinel struct {
 // DefaultStartTimeout. On error it stops what it started and returns nil.
 func StartSentinel() (*Sentinel, error) {
 	s := &Sentinel{}
-	if err := s.start(); err != nil {
-		return nil, errors.Join(err, s.Stop())
-	}
-	return s, nil
+	return startedOrStopped(s, s.start())
 }
 
 func (s *Sentinel) start() (err error) {
@@ -50,51 +47,38 @@ func (s *Sentinel) start() (err error) {
 	if err != nil {
 		return err
 	}
-	if err := poll(DefaultStartTimeout, s.replicaInSync); err != nil {
+	if err := poll(DefaultStartTimeout, func() error { return linkUp(s.replica) }); err != nil {
 		return fmt.Errorf("testserver: sentinel: replica %s did not sync with %s: %w",
 			s.replica.Addr(), s.primary.Addr(), err)
 	}
+	s.sentinels, err = startSentinels("127.0.0.1", s.primary.Port(), sentinelSettled)
+	return err
+}
 
-	s.sentinels = make([]*Redis, 3)
-	errs := make([]error, 3)
+// startSentinels starts three sentinels monitoring the primary at
+// host:port, concurrently, and waits until settled holds for each (bounded
+// by DefaultStartTimeout each). It returns the sentinels it started, also
+// on error, so that the caller can stop them.
+func startSentinels(host string, port int, settled func(*Redis) error) ([]*Redis, error) {
+	sentinels := make([]*Redis, 3)
+	errs := make([]error, len(sentinels))
 	var wg sync.WaitGroup
-	for i := range s.sentinels {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			s.sentinels[i], errs[i] = startSentinelNode(s.primary.Port())
-		}()
+	for i := range sentinels {
+		wg.Go(func() {
+			sentinels[i], errs[i] = startSentinelFor(host, port)
+		})
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
-		return err
+		return sentinels, err
 	}
-	for _, sn := range s.sentinels {
-		if err := poll(DefaultStartTimeout, func() error { return sentinelSettled(sn) }); err != nil {
-			return fmt.Errorf("testserver: sentinel %s did not settle: %w\n--- tail of %s ---\n%s",
+	for _, sn := range sentinels {
+		if err := poll(DefaultStartTimeout, func() error { return settled(sn) }); err != nil {
+			return sentinels, fmt.Errorf("testserver: sentinel %s did not settle: %w\n--- tail of %s ---\n%s",
 				sn.Addr(), err, sn.LogFile(), readTail(sn.LogFile(), 0))
 		}
 	}
-	return nil
-}
-
-func (s *Sentinel) replicaInSync() error {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	info, err := s.replica.info(ctx, "replication")
-	if err != nil {
-		return err
-	}
-	if st := infoField(info, "master_link_status"); st != "up" {
-		return fmt.Errorf("master_link_status is %q, want up", st)
-	}
-	return nil
-}
-
-// startSentinelNode starts a sentinel on loopback monitoring the primary
-// at 127.0.0.1:primaryPort.
-func startSentinelNode(primaryPort int) (*Redis, error) {
-	return startSentinelFor("127.0.0.1", primaryPort)
+	return sentinels, nil
 }
 
 // sentinelSettled reports whether sn knows a replica and enough sentinels to

@@ -111,22 +111,19 @@ func (s *server) restart() error {
 	return s.start()
 }
 
-func (s *server) pause() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.p == nil {
-		return fmt.Errorf("testserver: pause %s: not running", s.name)
-	}
-	return s.p.pause()
-}
+func (s *server) pause() error { return s.withRunning("pause", (*proc).pause) }
 
-func (s *server) resume() error {
+func (s *server) resume() error { return s.withRunning("resume", (*proc).resume) }
+
+// withRunning calls f on the running process under mu; it fails naming
+// verb if the server is not running.
+func (s *server) withRunning(verb string, f func(*proc) error) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.p == nil {
-		return fmt.Errorf("testserver: resume %s: not running", s.name)
+		return fmt.Errorf("testserver: %s %s: not running", verb, s.name)
 	}
-	return s.p.resume()
+	return f(s.p)
 }
 
 func (s *server) pid() int {
@@ -137,3 +134,48 @@ func (s *server) pid() int {
 	}
 	return s.p.pid
 }
+
+// startedOrStopped returns s if err, what starting it returned, is nil;
+// else it stops what s started and returns nil and both errors joined.
+func startedOrStopped[T interface{ Stop() error }](s T, err error) (T, error) {
+	if err != nil {
+		var none T
+		return none, errors.Join(err, s.Stop())
+	}
+	return s, nil
+}
+
+// lifecycle gives each server kind the process methods they all share. A
+// kind embeds it and keeps its own Stop (safe on a nil receiver); what a
+// Restart waits for and what survives a Kill is in the kind's doc.
+type lifecycle struct{ srv *server }
+
+// PID returns the process id of the running server, or 0 after Kill or
+// Stop (or if it died on its own).
+func (l *lifecycle) PID() int { return l.srv.pid() }
+
+// Dir returns the server's temporary directory (its data and its log). It
+// exists until Stop.
+func (l *lifecycle) Dir() string { return l.srv.dir }
+
+// LogFile returns the path of the server's log; it is appended to across
+// restarts and removed with Dir by Stop.
+func (l *lifecycle) LogFile() string { return l.srv.logPath }
+
+// Kill sends SIGKILL (to the server's process group) and waits for it to
+// exit; a no-op if it is not running. Dir is kept so Restart can reuse it.
+func (l *lifecycle) Kill() error { return l.srv.kill() }
+
+// Restart kills the server if it is running, starts it again with the same
+// arguments, ports and directory, and waits until it is ready (bounded by
+// StartTimeout). It fails if a port has been taken meanwhile or the server
+// was stopped.
+func (l *lifecycle) Restart() error { return l.srv.restart() }
+
+// Pause stops the server with SIGSTOP: connections stay open but nothing
+// is answered until Resume. It fails if the server is not running.
+func (l *lifecycle) Pause() error { return l.srv.pause() }
+
+// Resume continues a paused server with SIGCONT. It fails if the server is
+// not running.
+func (l *lifecycle) Resume() error { return l.srv.resume() }

@@ -25,6 +25,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/dlock-go/dlock/internal/locktest"
 	"github.com/dlock-go/dlock/internal/testserver"
 )
 
@@ -74,15 +75,13 @@ func run(m *testing.M) int {
 	took := make([]time.Duration, len(starters))
 	var wg sync.WaitGroup
 	for i, s := range starters {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			t0 := time.Now()
 			if err := s.start(); err != nil {
 				errs[i] = fmt.Errorf("start %s: %w", s.name, err)
 			}
 			took[i] = time.Since(t0)
-		}()
+		})
 	}
 	wg.Wait()
 	if testing.Verbose() {
@@ -321,18 +320,13 @@ func zkSession(addr string, timeout time.Duration) (time.Duration, error) {
 	return time.Duration(binary.BigEndian.Uint32(resp[8:12])) * time.Millisecond, nil
 }
 
+// within polls check until it returns nil, failing the test with what and
+// check's last error if that takes longer than d.
 func within(t *testing.T, d time.Duration, what string, check func() error) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		err := check()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not true after %v: %v", what, d, err)
-		}
-		time.Sleep(100 * time.Millisecond)
+	var err error
+	if !locktest.Poll(d, func() bool { err = check(); return err == nil }) {
+		t.Fatalf("%s: not true after %v: %v", what, d, err)
 	}
 }
 
@@ -840,7 +834,9 @@ func helperMain() {
 		os.Exit(2)
 	}
 	fmt.Println(r.PID(), r.Dir())
-	time.Sleep(time.Minute) // killed long before
+	// The point of this process is to be killed while it runs: it parks
+	// until then (nothing to await), and exits 3 if nobody kills it.
+	time.Sleep(time.Minute)
 	r.Stop()
 	os.Exit(3)
 }

@@ -33,10 +33,7 @@ func StartReplicatedCluster(primaries, replicas int) (*ReplicatedCluster, error)
 		return nil, fmt.Errorf("testserver: StartReplicatedCluster: invalid %d primaries × %d replicas: want at least 1 × 1", primaries, replicas)
 	}
 	c := &ReplicatedCluster{nodes: make([]*Redis, primaries*(1+replicas)), primaries: primaries}
-	if err := c.start(); err != nil {
-		return nil, errors.Join(err, c.Stop())
-	}
-	return c, nil
+	return startedOrStopped(c, c.start())
 }
 
 func (c *ReplicatedCluster) start() error {

@@ -172,6 +172,17 @@ func (l *netLab) close() error {
 	return errors.Join(errs...)
 }
 
+// partitions gives the partitionable topologies their Partition and Heal
+// methods over the nodes of their namespaces.
+type partitions struct{ lab *netLab }
+
+// Partition cuts node i (a member, server or data node) off from the other
+// nodes and from every client (its link goes down); Heal(i) ends it.
+func (p *partitions) Partition(i int) error { return p.lab.setCut(i, true) }
+
+// Heal ends the partition of node i.
+func (p *partitions) Heal(i int) error { return p.lab.setCut(i, false) }
+
 // PartitionableEtcdCluster is an [EtcdCluster] whose members each run in
 // their own network namespace (see the comment above ErrNoNetNS), so one
 // can be cut off from the others and from every client.
@@ -179,7 +190,7 @@ func (l *netLab) close() error {
 // Its methods are safe for concurrent use.
 type PartitionableEtcdCluster struct {
 	*EtcdCluster
-	lab *netLab
+	partitions
 }
 
 // StartPartitionableEtcdCluster starts n etcd members, member i in its own
@@ -203,7 +214,7 @@ func StartPartitionableEtcdCluster(n int) (*PartitionableEtcdCluster, error) {
 	if err != nil {
 		return nil, errors.Join(err, lab.close())
 	}
-	return &PartitionableEtcdCluster{EtcdCluster: c, lab: lab}, nil
+	return &PartitionableEtcdCluster{EtcdCluster: c, partitions: partitions{lab}}, nil
 }
 
 func startEtcdIn(lab *netLab, bin string) (_ *EtcdCluster, err error) {
@@ -214,12 +225,10 @@ func startEtcdIn(lab *netLab, bin string) (_ *EtcdCluster, err error) {
 			_ = c.Stop()
 		}
 	}()
-	token := fmt.Sprintf("testserver-%d-%d", os.Getpid(), clusterSeq.Add(1))
-	var initial []string
 	for i := range c.members {
 		c.members[i] = &Etcd{host: lab.IP(i), name: fmt.Sprintf("m%d", i), clientPort: clientPort, peerPort: peerPort}
-		initial = append(initial, c.members[i].name+"="+c.members[i].peerURL())
 	}
+	initial, token := etcdBootstrap(c.members)
 	env := filterEnv("ETCD_")
 	for i, m := range c.members {
 		dir, err := os.MkdirTemp("", "dlock-testserver-etcd-")
@@ -228,21 +237,9 @@ func startEtcdIn(lab *netLab, bin string) (_ *EtcdCluster, err error) {
 		}
 		url := m.ClientURL()
 		m.srv = &server{
-			name: "etcd " + m.Endpoints()[0] + " in " + lab.ns(i),
-			bin:  lab.ipBin,
-			args: append(lab.wrap(i), bin,
-				"--name", m.name,
-				"--data-dir", filepath.Join(dir, "data"),
-				"--listen-client-urls", url,
-				"--advertise-client-urls", url,
-				"--listen-peer-urls", m.peerURL(),
-				"--initial-advertise-peer-urls", m.peerURL(),
-				"--initial-cluster", strings.Join(initial, ","),
-				"--initial-cluster-state", "new",
-				"--initial-cluster-token", token,
-				"--logger", "zap",
-				"--log-outputs", "stderr",
-			),
+			name:    "etcd " + m.Endpoints()[0] + " in " + lab.ns(i),
+			bin:     lab.ipBin,
+			args:    append(append(lab.wrap(i), bin), etcdArgs(m, dir, initial, token)...),
 			env:     env,
 			dir:     dir,
 			logPath: filepath.Join(dir, "etcd.log"),
@@ -274,9 +271,7 @@ func launchAll[T any](members []T, srv func(T) *server) error {
 	errs := make([]error, len(members))
 	var wg sync.WaitGroup
 	for i, m := range members {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			s := srv(m)
 			errs[i] = s.awaitReadyWith(func() error {
 				for j, p := range procs {
@@ -286,18 +281,11 @@ func launchAll[T any](members []T, srv func(T) *server) error {
 				}
 				return s.ready()
 			})
-		}()
+		})
 	}
 	wg.Wait()
 	return errors.Join(errs...)
 }
-
-// Partition cuts member i off from the other members and from every
-// client (its link goes down); Heal(i) ends it.
-func (c *PartitionableEtcdCluster) Partition(i int) error { return c.lab.setCut(i, true) }
-
-// Heal ends the partition of member i.
-func (c *PartitionableEtcdCluster) Heal(i int) error { return c.lab.setCut(i, false) }
 
 // Stop kills every member (see [EtcdCluster.Stop]) and removes the
 // namespaces and the bridge. It is idempotent and safe on a nil receiver.
@@ -315,7 +303,7 @@ func (c *PartitionableEtcdCluster) Stop() error {
 // Its methods are safe for concurrent use.
 type PartitionableZooKeeperEnsemble struct {
 	*ZooKeeperEnsemble
-	lab *netLab
+	partitions
 }
 
 // StartPartitionableZooKeeperEnsemble starts n ZooKeeper servers with
@@ -336,15 +324,8 @@ func StartPartitionableZooKeeperEnsemble(n int, opts ZooKeeperOptions) (*Partiti
 	if err != nil {
 		return nil, errors.Join(err, lab.close())
 	}
-	return &PartitionableZooKeeperEnsemble{ZooKeeperEnsemble: e, lab: lab}, nil
+	return &PartitionableZooKeeperEnsemble{ZooKeeperEnsemble: e, partitions: partitions{lab}}, nil
 }
-
-// Partition cuts server i off from the other servers and from every
-// client; Heal(i) ends it.
-func (e *PartitionableZooKeeperEnsemble) Partition(i int) error { return e.lab.setCut(i, true) }
-
-// Heal ends the partition of server i.
-func (e *PartitionableZooKeeperEnsemble) Heal(i int) error { return e.lab.setCut(i, false) }
 
 // Stop stops every server (see [ZooKeeperEnsemble.Stop]) and removes the
 // namespaces and the bridge. It is idempotent and safe on a nil receiver.

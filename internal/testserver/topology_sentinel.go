@@ -2,10 +2,8 @@ package testserver
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
-	"sync"
 	"time"
 )
 
@@ -33,10 +31,7 @@ func StartReplicatedSentinel(replicas int) (*ReplicatedSentinel, error) {
 		return nil, fmt.Errorf("testserver: StartReplicatedSentinel: invalid replicas %d: want at least 1", replicas)
 	}
 	s := &ReplicatedSentinel{}
-	if err := s.start(replicas); err != nil {
-		return nil, errors.Join(err, s.Stop())
-	}
-	return s, nil
+	return startedOrStopped(s, s.start(replicas))
 }
 
 func (s *ReplicatedSentinel) start(replicas int) error {
@@ -57,34 +52,13 @@ func (s *ReplicatedSentinel) start(replicas int) error {
 			return fmt.Errorf("testserver: sentinel: replica %s did not sync with %s: %w", r.Addr(), primary.Addr(), err)
 		}
 	}
-	s.sentinels = make([]*Redis, 3)
-	errs := make([]error, len(s.sentinels))
-	var wg sync.WaitGroup
-	for i := range s.sentinels {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			s.sentinels[i], errs[i] = startSentinelNode(primary.Port())
-		}()
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		return err
-	}
-	for _, sn := range s.sentinels {
-		if err := poll(DefaultStartTimeout, func() error { return knowsReplicas(sn, replicas) }); err != nil {
-			return fmt.Errorf("testserver: sentinel %s did not settle: %w\n--- tail of %s ---\n%s",
-				sn.Addr(), err, sn.LogFile(), readTail(sn.LogFile(), 0))
-		}
-	}
-	return nil
+	s.sentinels, err = startSentinels("127.0.0.1", primary.Port(), func(sn *Redis) error { return knowsReplicas(sn, replicas) })
+	return err
 }
 
 // linkUp reports whether replica r's link to its primary is up.
-func linkUp(r *Redis) error {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	info, err := r.info(ctx, "replication")
+func linkUp(r respDoer) error {
+	info, err := infoText(r, "INFO", "replication")
 	if err != nil {
 		return err
 	}

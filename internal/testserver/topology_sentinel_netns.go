@@ -9,17 +9,17 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
-	"time"
 )
 
 // NetRedis is a redis-server data node of a partitionable deployment: it
 // runs in its own network namespace and listens on its namespace address
-// (see the comment above ErrNoNetNS), port 6379.
+// (see the comment above ErrNoNetNS), port 6379. Restart waits until it
+// answers PING; after a Kill it restarts empty.
 //
 // Its methods are safe for concurrent use.
 type NetRedis struct {
 	host string
-	srv  *server
+	lifecycle
 }
 
 // netRedisPort is the port of every NetRedis: each namespace has its own.
@@ -28,28 +28,8 @@ const netRedisPort = 6379
 // Addr returns the node's address, "10.213.S.N:6379".
 func (r *NetRedis) Addr() string { return net.JoinHostPort(r.host, strconv.Itoa(netRedisPort)) }
 
-// PID returns the process id of the running server, or 0 after Kill or
-// Stop (or if it died on its own).
-func (r *NetRedis) PID() int { return r.srv.pid() }
-
-// LogFile returns the path of the server's log.
-func (r *NetRedis) LogFile() string { return r.srv.logPath }
-
 // Stop ends the server and removes its directory. It is idempotent.
 func (r *NetRedis) Stop() error { return r.srv.stop(true) }
-
-// Kill sends SIGKILL, for crash tests; Restart starts it again, empty.
-func (r *NetRedis) Kill() error { return r.srv.kill() }
-
-// Restart starts the server again with the same arguments (after Kill, or
-// killing it first) and waits until it answers.
-func (r *NetRedis) Restart() error { return r.srv.restart() }
-
-// Pause stops the process with SIGSTOP; Resume continues it.
-func (r *NetRedis) Pause() error { return r.srv.pause() }
-
-// Resume continues a paused server.
-func (r *NetRedis) Resume() error { return r.srv.resume() }
 
 // Do sends one command and returns its reply; ctx bounds the call.
 func (r *NetRedis) Do(ctx context.Context, args ...string) (any, error) {
@@ -67,9 +47,9 @@ func (r *NetRedis) Do(ctx context.Context, args ...string) (any, error) {
 //
 // Its methods are safe for concurrent use.
 type PartitionableSentinel struct {
-	nodes     []*NetRedis // nodes[0] started as the primary
-	sentinels []*Redis
-	lab       *netLab
+	nodes      []*NetRedis // nodes[0] started as the primary
+	sentinels  []*Redis
+	partitions // of the data nodes: a cut node loses the sentinels too
 }
 
 // StartPartitionableSentinel starts the primary and replicas replicas, node
@@ -91,11 +71,8 @@ func StartPartitionableSentinel(replicas int) (*PartitionableSentinel, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &PartitionableSentinel{lab: lab}
-	if err := s.start(bin); err != nil {
-		return nil, errors.Join(err, s.Stop())
-	}
-	return s, nil
+	s := &PartitionableSentinel{partitions: partitions{lab}}
+	return startedOrStopped(s, s.start(bin))
 }
 
 func (s *PartitionableSentinel) start(bin string) error {
@@ -111,31 +88,13 @@ func (s *PartitionableSentinel) start(bin string) error {
 	}
 	primary := s.nodes[0]
 	for _, r := range s.nodes[1:] {
-		if err := poll(DefaultStartTimeout, func() error { return netLinkUp(r) }); err != nil {
+		if err := poll(DefaultStartTimeout, func() error { return linkUp(r) }); err != nil {
 			return fmt.Errorf("testserver: sentinel: replica %s did not sync with %s: %w", r.Addr(), primary.Addr(), err)
 		}
 	}
-	s.sentinels = make([]*Redis, 3)
-	errs := make([]error, len(s.sentinels))
-	var wg sync.WaitGroup
-	for i := range s.sentinels {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			s.sentinels[i], errs[i] = startSentinelFor(primary.host, netRedisPort)
-		}()
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		return err
-	}
-	for _, sn := range s.sentinels {
-		if err := poll(DefaultStartTimeout, func() error { return knowsReplicas(sn, len(s.nodes)-1) }); err != nil {
-			return fmt.Errorf("testserver: sentinel %s did not settle: %w\n--- tail of %s ---\n%s",
-				sn.Addr(), err, sn.LogFile(), readTail(sn.LogFile(), 0))
-		}
-	}
-	return nil
+	var err error
+	s.sentinels, err = startSentinels(primary.host, netRedisPort, func(sn *Redis) error { return knowsReplicas(sn, len(s.nodes)-1) })
+	return err
 }
 
 // newNode describes data node i (a replica of node 0 unless i is 0)
@@ -173,21 +132,6 @@ func (s *PartitionableSentinel) newNode(bin string, i int) (*NetRedis, error) {
 		// startEtcdIn).
 	}
 	return n, nil
-}
-
-// netLinkUp reports whether replica r's link to its primary is up.
-func netLinkUp(r *NetRedis) error {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	v, err := r.Do(ctx, "INFO", "replication")
-	if err != nil {
-		return err
-	}
-	info, _ := v.(string)
-	if st := infoField(info, "master_link_status"); st != "up" {
-		return fmt.Errorf("master_link_status is %q, want up", st)
-	}
-	return nil
 }
 
 // startSentinelFor starts a sentinel on loopback monitoring the primary at
@@ -240,13 +184,6 @@ func (s *PartitionableSentinel) Primary(ctx context.Context) (int, error) {
 	return primaryIndex(ctx, s.sentinels, s.nodes)
 }
 
-// Partition cuts data node i off from the other nodes, the sentinels and
-// every client (its link goes down); Heal(i) ends it.
-func (s *PartitionableSentinel) Partition(i int) error { return s.lab.setCut(i, true) }
-
-// Heal ends the partition of data node i.
-func (s *PartitionableSentinel) Heal(i int) error { return s.lab.setCut(i, false) }
-
 // Stop stops every process concurrently, removes their directories, the
 // namespaces and the bridge. It is idempotent and safe on a nil receiver.
 func (s *PartitionableSentinel) Stop() error {
@@ -256,11 +193,9 @@ func (s *PartitionableSentinel) Stop() error {
 	errs := make([]error, len(s.nodes)+1)
 	var wg sync.WaitGroup
 	for i, n := range s.nodes {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			errs[i] = n.Stop()
-		}()
+		})
 	}
 	wg.Wait()
 	errs[len(s.nodes)] = StopAll(s.sentinels...)

@@ -86,17 +86,8 @@ func TestZooKeeperEnsembleLeader(t *testing.T) {
 // A partitionable etcd cluster: cutting the leader off makes the others
 // elect a new leader, and healing lets the old one answer again.
 func TestPartitionableEtcdCluster(t *testing.T) {
-	if err := testserver.NetNSAvailable(); err != nil {
-		t.Skip(err)
-	}
-	c, err := testserver.StartPartitionableEtcdCluster(3)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := c.Stop(); err != nil {
-			t.Error(err)
-		}
+	c := startPartitionable(t, func() (*testserver.PartitionableEtcdCluster, error) {
+		return testserver.StartPartitionableEtcdCluster(3)
 	})
 	l, err := c.Leader()
 	if err != nil {
@@ -133,17 +124,8 @@ func etcdHealthOK(url string) error {
 // A partitionable ZooKeeper ensemble elects a new leader when the old one
 // is cut off.
 func TestPartitionableZooKeeperEnsemble(t *testing.T) {
-	if err := testserver.NetNSAvailable(); err != nil {
-		t.Skip(err)
-	}
-	e, err := testserver.StartPartitionableZooKeeperEnsemble(3, testserver.ZooKeeperOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := e.Stop(); err != nil {
-			t.Error(err)
-		}
+	e := startPartitionable(t, func() (*testserver.PartitionableZooKeeperEnsemble, error) {
+		return testserver.StartPartitionableZooKeeperEnsemble(3, testserver.ZooKeeperOptions{})
 	})
 	l, err := e.Leader()
 	if err != nil {
@@ -207,17 +189,8 @@ func TestReplicatedClusterFailover(t *testing.T) {
 // sentinels promote a replica, which takes writes; healing lets the old
 // primary answer again.
 func TestPartitionableSentinel(t *testing.T) {
-	if err := testserver.NetNSAvailable(); err != nil {
-		t.Skip(err)
-	}
-	s, err := testserver.StartPartitionableSentinel(2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := s.Stop(); err != nil {
-			t.Error(err)
-		}
+	s := startPartitionable(t, func() (*testserver.PartitionableSentinel, error) {
+		return testserver.StartPartitionableSentinel(2)
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -248,4 +221,24 @@ func TestPartitionableSentinel(t *testing.T) {
 		_, err := s.Nodes()[0].Do(ctx, "PING")
 		return err
 	})
+}
+
+// startPartitionable skips the test where network namespaces cannot be
+// created; else it returns the topology start started, stopped (and its
+// namespaces removed) when the test ends.
+func startPartitionable[T interface{ Stop() error }](t *testing.T, start func() (T, error)) T {
+	t.Helper()
+	if err := testserver.NetNSAvailable(); err != nil {
+		t.Skip(err)
+	}
+	top, err := start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := top.Stop(); err != nil {
+			t.Error(err)
+		}
+	})
+	return top
 }

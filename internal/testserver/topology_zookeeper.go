@@ -46,12 +46,9 @@ func startEnsemble(n int, opts ZooKeeperOptions, lab *netLab) (*ZooKeeperEnsembl
 	if opts.Port != 0 {
 		return nil, fmt.Errorf("testserver: StartZooKeeperEnsemble: Port %d cannot be shared by %d servers; use 0", opts.Port, n)
 	}
-	tick := opts.TickTime
-	switch {
-	case tick == 0:
-		tick = DefaultTickTime
-	case tick < time.Millisecond || tick%time.Millisecond != 0:
-		return nil, fmt.Errorf("testserver: invalid TickTime %v: must be a positive whole number of milliseconds", tick)
+	tick, err := tickTime(opts.TickTime)
+	if err != nil {
+		return nil, err
 	}
 	timeout := opts.StartTimeout
 	if timeout == 0 {
@@ -60,23 +57,13 @@ func startEnsemble(n int, opts ZooKeeperOptions, lab *netLab) (*ZooKeeperEnsembl
 	if _, err := startTimeout(timeout); err != nil {
 		return nil, err
 	}
-	java, err := findJava()
+	java, jars, err := zooKeeperInstall()
 	if err != nil {
 		return nil, err
 	}
-	jars, err := zooKeeperJars()
-	if err != nil {
-		return nil, err
-	}
-	for attempt := 1; ; attempt++ {
-		e, err := tryStartEnsemble(n, java, jars, tick, timeout, lab)
-		if err == nil {
-			return e, nil
-		}
-		if !errors.Is(err, errBind) || attempt == maxBindAttempts {
-			return nil, err
-		}
-	}
+	return retryBind(false, func() (*ZooKeeperEnsemble, error) {
+		return tryStartEnsemble(n, java, jars, tick, timeout, lab)
+	})
 }
 
 func tryStartEnsemble(n int, java string, jars []string, tick, timeout time.Duration, lab *netLab) (_ *ZooKeeperEnsemble, err error) {

@@ -2,7 +2,6 @@ package testserver
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -43,12 +42,15 @@ type ZooKeeperOptions struct {
 // temporary directory. The AdminServer is disabled; the four-letter words
 // ruok, srvr, stat, mntr, conf, cons, envi, wchs and isro are enabled.
 //
+// Restart waits until the server accepts a session. A Kill keeps the data
+// directory: sessions and znodes survive it, as they would a crash.
+//
 // Its methods are safe for concurrent use.
 type ZooKeeper struct {
 	host     string // listen address; "" is 127.0.0.1
 	port     int
 	tickTime time.Duration
-	srv      *server
+	lifecycle
 }
 
 // StartZooKeeper starts a standalone ZooKeeper server and returns once it
@@ -57,56 +59,41 @@ type ZooKeeper struct {
 // the log and leaves nothing running or on disk. It fails with an error
 // matching [ErrNotInstalled] if java or the ZooKeeper jars are missing.
 func StartZooKeeper(opts ZooKeeperOptions) (*ZooKeeper, error) {
-	tick := opts.TickTime
-	switch {
-	case tick == 0:
-		tick = DefaultTickTime
-	case tick < time.Millisecond || tick%time.Millisecond != 0:
-		return nil, fmt.Errorf("testserver: invalid TickTime %v: must be a positive whole number of milliseconds", tick)
-	}
-	if err := checkPort(opts.Port); err != nil {
-		return nil, err
-	}
-	timeout, err := startTimeout(opts.StartTimeout)
+	tick, err := tickTime(opts.TickTime)
 	if err != nil {
 		return nil, err
 	}
-	java, err := findJava()
+	timeout, err := checkStart(opts.Port, opts.StartTimeout)
 	if err != nil {
 		return nil, err
 	}
-	jars, err := zooKeeperJars()
+	java, jars, err := zooKeeperInstall()
 	if err != nil {
 		return nil, err
 	}
-	if opts.Port != 0 {
-		reservePort(opts.Port)
-	}
-	dir, err := os.MkdirTemp("", "dlock-testserver-zookeeper-")
+	dir, err := serverDir("zookeeper", opts.Port)
 	if err != nil {
-		return nil, fmt.Errorf("testserver: %w", err)
+		return nil, err
 	}
 	if err := writeZKLogConfig(dir); err != nil {
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	for attempt := 1; ; attempt++ {
+	z, err := retryBind(opts.Port != 0, func() (*ZooKeeper, error) {
 		port := opts.Port
 		if port == 0 {
+			var err error
 			if port, err = pickPort(); err != nil {
-				os.RemoveAll(dir)
 				return nil, err
 			}
 		}
-		z, err := tryStartZooKeeper(java, jars, dir, port, tick, timeout)
-		if err == nil {
-			return z, nil
-		}
-		if !errors.Is(err, errBind) || opts.Port != 0 || attempt == maxBindAttempts {
-			os.RemoveAll(dir)
-			return nil, err
-		}
+		return tryStartZooKeeper(java, jars, dir, port, tick, timeout)
+	})
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
 	}
+	return z, nil
 }
 
 func tryStartZooKeeper(java string, jars []string, dir string, port int, tick, timeout time.Duration) (*ZooKeeper, error) {
@@ -168,6 +155,29 @@ log4j.appender.CONSOLE.layout.ConversionPattern=%d{ISO8601} %-5p [%t] %c{1} - %m
 		return fmt.Errorf("testserver: %w", err)
 	}
 	return nil
+}
+
+// tickTime checks the TickTime option and returns the tick to use.
+func tickTime(tick time.Duration) (time.Duration, error) {
+	switch {
+	case tick == 0:
+		return DefaultTickTime, nil
+	case tick < time.Millisecond || tick%time.Millisecond != 0:
+		return 0, fmt.Errorf("testserver: invalid TickTime %v: must be a positive whole number of milliseconds", tick)
+	}
+	return tick, nil
+}
+
+// zooKeeperInstall returns the java binary and the ZooKeeper jars to run a
+// server with (see findJava and zooKeeperJars).
+func zooKeeperInstall() (java string, jars []string, err error) {
+	if java, err = findJava(); err != nil {
+		return "", nil, err
+	}
+	if jars, err = zooKeeperJars(); err != nil {
+		return "", nil, err
+	}
+	return java, jars, nil
 }
 
 // findJava returns $JAVA_HOME/bin/java if it exists, else java from PATH.
@@ -316,18 +326,6 @@ func (z *ZooKeeper) Addr() string {
 // TickTime.
 func (z *ZooKeeper) TickTime() time.Duration { return z.tickTime }
 
-// PID returns the process id of the running JVM, or 0 after Kill or Stop (or
-// if it died on its own).
-func (z *ZooKeeper) PID() int { return z.srv.pid() }
-
-// Dir returns the server's temporary directory (zoo.cfg, data/,
-// zookeeper.log). It exists until Stop.
-func (z *ZooKeeper) Dir() string { return z.srv.dir }
-
-// LogFile returns the path of the server's log; it is appended to across
-// restarts and removed with Dir by Stop.
-func (z *ZooKeeper) LogFile() string { return z.srv.logPath }
-
 // Stop sends SIGTERM, waits up to StopGrace (5 s), then sends SIGKILL, waits
 // for the JVM to exit and removes Dir. A paused server is resumed so it can
 // shut down. Stop is idempotent and safe on a nil *ZooKeeper; after Stop the
@@ -338,24 +336,6 @@ func (z *ZooKeeper) Stop() error {
 	}
 	return z.srv.stop(true)
 }
-
-// Kill sends SIGKILL and waits for the JVM to exit; a no-op if it is not
-// running. The data directory is kept so Restart can reuse it (sessions and
-// znodes survive, as they would a crash).
-func (z *ZooKeeper) Kill() error { return z.srv.kill() }
-
-// Restart kills the server if it is running, starts it again with the same
-// port and data directory, and waits until it accepts a session (bounded by
-// StartTimeout).
-func (z *ZooKeeper) Restart() error { return z.srv.restart() }
-
-// Pause stops the JVM with SIGSTOP until Resume. It fails if the server is
-// not running.
-func (z *ZooKeeper) Pause() error { return z.srv.pause() }
-
-// Resume continues a paused JVM with SIGCONT. It fails if the server is not
-// running.
-func (z *ZooKeeper) Resume() error { return z.srv.resume() }
 
 // zkArgs returns java's arguments for a ZooKeeper server with heap limit
 // heap, logging to dir, reading its configuration from cfgPath.
