@@ -131,28 +131,21 @@ read), the semaphore's number of permits, and each hold's owner, fence and TTL (
   dlock inspect --json payments:batch | jq '.holds | length'   # permits in use`,
 		Args: keyArg("inspect"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx := cmd.Context()
-			c, err := g.open(ctx)
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			defer c.backend.Close()
-			in, ok := c.backend.(dlock.Inspector)
-			if !ok {
-				return exitWith(exitFailure, fmt.Errorf("inspect: the %s backend does not support inspect", c.kind))
-			}
-			octx, cancel := context.WithTimeout(ctx, g.timeout)
-			defer cancel()
-			info, err := in.Inspect(octx, args[0])
-			if err != nil {
-				return opError(c, g.timeout, err)
-			}
-			if asJSON {
-				return writeJSON(cmd.OutOrStdout(), toJSON(c.kind, info))
-			}
-			writeInfo(cmd.OutOrStdout(), info)
-			return nil
+			return g.withConn(cmd.Context(), func(octx context.Context, c *conn) error {
+				in, ok := c.backend.(dlock.Inspector)
+				if !ok {
+					return exitWith(exitFailure, fmt.Errorf("inspect: the %s backend does not support inspect", c.kind))
+				}
+				info, err := in.Inspect(octx, args[0])
+				if err != nil {
+					return opError(c, g.timeout, err)
+				}
+				if asJSON {
+					return writeJSON(cmd.OutOrStdout(), toJSON(c.kind, info))
+				}
+				writeInfo(cmd.OutOrStdout(), info)
+				return nil
+			})
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the state as a JSON object")
@@ -185,21 +178,14 @@ Use it for locks whose holder is gone for good.`,
 			if force == (owner != "") {
 				return usageErrorf("release: give exactly one of --owner OWNER and --force")
 			}
-			ctx := cmd.Context()
-			c, err := g.open(ctx)
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			defer c.backend.Close()
-			octx, cancel := context.WithTimeout(ctx, g.timeout)
-			defer cancel()
-			out := cmd.OutOrStdout()
-			key := args[0]
-			if force {
-				return forceRelease(octx, g, c, key, asJSON, out)
-			}
-			return ownerRelease(octx, g, c, key, owner, asJSON, out)
+			return g.withConn(cmd.Context(), func(octx context.Context, c *conn) error {
+				out := cmd.OutOrStdout()
+				key := args[0]
+				if force {
+					return forceRelease(octx, g, c, key, asJSON, out)
+				}
+				return ownerRelease(octx, g, c, key, owner, asJSON, out)
+			})
 		},
 	}
 	fl := cmd.Flags()
@@ -207,6 +193,20 @@ Use it for locks whose holder is gone for good.`,
 	fl.BoolVar(&force, "force", false, "remove the lock whoever holds it")
 	fl.BoolVar(&asJSON, "json", false, "print what was released as a JSON object")
 	return cmd
+}
+
+// withConn opens the backend, calls f with it and a context bounded by
+// --timeout, closes the backend and returns what f returned.
+func (g *globals) withConn(ctx context.Context, f func(octx context.Context, c *conn) error) error {
+	c, err := g.open(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	defer c.backend.Close()
+	octx, cancel := context.WithTimeout(ctx, g.timeout)
+	defer cancel()
+	return f(octx, c)
 }
 
 func forceRelease(ctx context.Context, g *globals, c *conn, key string, asJSON bool, out io.Writer) error {

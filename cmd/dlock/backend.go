@@ -224,13 +224,11 @@ func pingQuorum(ctx context.Context, nodes []*redis.Client, timeout time.Duratio
 	errs := make([]error, len(nodes))
 	var wg sync.WaitGroup
 	for i, n := range nodes {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			if err := n.Ping(ctx).Err(); err != nil {
 				errs[i] = &dlock.NodeError{Node: n.Options().Addr, Err: err}
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	failed := 0

@@ -183,50 +183,45 @@ func runDemo(ctx context.Context, g *globals, asJSON bool, only string, stdout i
 func startDemoServers() (*demoEnv, error) {
 	env := &demoEnv{skip: make(map[string]string)}
 	var wg sync.WaitGroup
-	var redisErr, redlockErr error
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	var redisErr, redlockErr, etcdErr, zkErr error
+	wg.Go(func() {
 		env.redis, redisErr = testserver.StartRedis(testserver.RedisOptions{})
-	}()
+	})
 	if redlockAvailable {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			env.redlock, redlockErr = testserver.StartRedisN(5, testserver.RedisOptions{})
-		}()
+		})
 	} else {
 		env.skip["redlock"] = "redlock backend not available in this build"
 	}
 	if etcdAvailable {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			e, err := testserver.StartEtcd(testserver.EtcdOptions{})
-			if err != nil {
-				env.skip["etcd"] = serverSkip("etcd", err)
-				return
-			}
-			env.etcd = e
-		}()
-	} else {
-		env.skip["etcd"] = "etcd backend not available in this build"
+		wg.Go(func() {
+			env.etcd, etcdErr = testserver.StartEtcd(testserver.EtcdOptions{})
+		})
 	}
 	if zkAvailable {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			z, err := testserver.StartZooKeeper(testserver.ZooKeeperOptions{TickTime: 500 * time.Millisecond})
-			if err != nil {
-				env.skip["zookeeper"] = serverSkip("ZooKeeper", err)
-				return
-			}
-			env.zk = z
-		}()
-	} else {
-		env.skip["zookeeper"] = "zookeeper backend not available in this build"
+		wg.Go(func() {
+			env.zk, zkErr = testserver.StartZooKeeper(testserver.ZooKeeperOptions{TickTime: 500 * time.Millisecond})
+		})
 	}
 	wg.Wait()
+	// The optional servers' reasons are recorded once every goroutine is
+	// done: skip is not safe for concurrent writes.
+	for _, o := range []struct {
+		backend, server string
+		available       bool
+		err             error
+	}{
+		{"etcd", "etcd", etcdAvailable, etcdErr},
+		{"zookeeper", "ZooKeeper", zkAvailable, zkErr},
+	} {
+		switch {
+		case !o.available:
+			env.skip[o.backend] = o.backend + " backend not available in this build"
+		case o.err != nil:
+			env.skip[o.backend] = serverSkip(o.server, o.err)
+		}
+	}
 	if redisErr != nil {
 		if errors.Is(redisErr, testserver.ErrNotInstalled) {
 			return env, fmt.Errorf("redis-server is needed: %w (`make demo` installs it)", redisErr)
@@ -257,11 +252,9 @@ func firstLine(s string) string {
 func (e *demoEnv) stop() {
 	var wg sync.WaitGroup
 	stop := func(s interface{ Stop() error }) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			_ = s.Stop()
-		}()
+		})
 	}
 	if e.redis != nil {
 		stop(e.redis)

@@ -179,9 +179,7 @@ func contend(ctx context.Context, env *demoEnv, name string, open backendFactory
 	defer cancel()
 	for i, c := range clients {
 		me := int64(i + 1)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for dctx.Err() == nil {
 				lease, err := c.Acquire(dctx, key)
 				if err != nil {
@@ -208,7 +206,7 @@ func contend(ctx context.Context, env *demoEnv, name string, open backendFactory
 					return
 				}
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	row.Acquisitions, row.Handoffs = acquisitions.Load(), handoffs.Load()

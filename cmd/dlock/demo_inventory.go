@@ -142,9 +142,7 @@ func runInventory(ctx context.Context, instances []*redis.Client, stockKey, orde
 	}
 	for i, rdb := range instances {
 		for range invBuyers {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				<-start
 				buy := func(ctx context.Context) error {
 					n, err := rdb.Get(ctx, stockKey).Int64()
@@ -172,7 +170,7 @@ func runInventory(ctx context.Context, instances []*redis.Client, stockKey, orde
 				if err != nil {
 					record(err)
 				}
-			}()
+			})
 		}
 	}
 	t0 := time.Now()

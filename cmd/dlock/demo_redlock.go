@@ -75,9 +75,7 @@ func partRedlock(ctx context.Context, env *demoEnv, r *partResult) {
 	)
 	t0 := time.Now()
 	for i, c := range clients {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for range rlCycles {
 				lease, err := c.Acquire(ctx, "demo:d:job")
 				if err != nil {
@@ -96,7 +94,7 @@ func partRedlock(ctx context.Context, env *demoEnv, r *partResult) {
 				}
 				ok.Add(1)
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	took := time.Since(t0)

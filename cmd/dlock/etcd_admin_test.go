@@ -3,37 +3,14 @@
 package main_test
 
 import (
-	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/dlock-go/dlock/internal/locktest"
 	"github.com/dlock-go/dlock/internal/testserver"
 )
-
-// etcdInfo is the JSON of `dlock inspect --json` and `release --json`.
-type etcdInfo struct {
-	Key     string  `json:"key"`
-	Held    bool    `json:"held"`
-	Owner   string  `json:"owner"`
-	Fence   uint64  `json:"fence"`
-	TTLms   int64   `json:"ttl_ms"`
-	Count   int     `json:"count"`
-	Waiters *int    `json:"waiters"`
-	Backend string  `json:"backend"`
-	Action  *string `json:"action"`
-}
-
-func decodeInfo(t *testing.T, r result) etcdInfo {
-	t.Helper()
-	assertCode(t, r, 0)
-	var j etcdInfo
-	if err := json.Unmarshal([]byte(r.stdout), &j); err != nil {
-		t.Fatalf("--json: %v in %q", err, r.stdout)
-	}
-	return j
-}
 
 // TestEtcdInspectAndForceRelease: on etcd, `inspect` shows the holder
 // (owner, fence, count, TTL left) and the queued waiters, and `release
@@ -72,16 +49,13 @@ func TestEtcdInspectAndForceRelease(t *testing.T) {
 
 	// A waiter queues behind the holder.
 	waiter := startDlock(t, with("run", "--ttl", "5s", "--wait", "1m", key, "--", "sh", "-c", "echo got-lock")...)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		j := decodeInfo(t, dlockRun(t, with("inspect", "--json", key)...))
-		if j.Waiters != nil && *j.Waiters == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("inspect --json: got %+v, want 1 waiter within 30s", j)
-		}
-		time.Sleep(50 * time.Millisecond)
+	awaitWaiting(t, waiter)
+	var j inspectJSON
+	if !locktest.Poll(30*time.Second, func() bool {
+		j = decodeInfo(t, dlockRun(t, with("inspect", "--json", key)...))
+		return j.Waiters != nil && *j.Waiters == 1
+	}) {
+		t.Fatalf("inspect --json: got %+v, want 1 waiter within 30s", j)
 	}
 
 	fr := decodeInfo(t, dlockRun(t, with("release", "--force", "--json", key)...))
@@ -89,10 +63,7 @@ func TestEtcdInspectAndForceRelease(t *testing.T) {
 		t.Errorf("release --force --json: got %+v, want removed, held by job-1 at fence %d", fr, held.Fence)
 	}
 	r := holder.wait(15 * time.Second)
-	assertCode(t, r, 76)
-	if !strings.Contains(r.stdout, "got-TERM") || !strings.Contains(r.stderr, fmt.Sprintf("lost the lock %q", key)) {
-		t.Errorf("holder after a force release: stdout %q, stderr %q; want got-TERM and a message naming the key", r.stdout, r.stderr)
-	}
+	assertLost(t, r, fmt.Sprintf("lost the lock %q", key))
 	w := waiter.wait(30 * time.Second)
 	assertCode(t, w, 0)
 	if !strings.Contains(w.stdout, "got-lock") {

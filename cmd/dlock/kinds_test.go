@@ -4,7 +4,6 @@ package main_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -64,6 +63,22 @@ func counted(dir, name string) []string {
 	return []string{"sh", "-c", counterScript, "counter", dir, name}
 }
 
+// finishAll lets every counterScript in dir finish, asserts that each of
+// procs exits 0, and returns the sightings of their commands (two lines
+// each).
+func finishAll(t *testing.T, dir string, procs ...*proc) []map[string]int {
+	t.Helper()
+	letGo(t, dir)
+	for _, p := range procs {
+		assertCode(t, p.wait(30*time.Second), 0)
+	}
+	seen := sightings(t, dir)
+	if len(seen) != 2*len(procs) {
+		t.Fatalf("saw: got %d lines, want %d (two per command)", len(seen), 2*len(procs))
+	}
+	return seen
+}
+
 // sightings parses dir/saw: for each line, the counts of registered
 // commands seen by a command of kind name.
 func sightings(t *testing.T, dir string) []map[string]int {
@@ -98,43 +113,11 @@ func letGo(t *testing.T, dir string) {
 	}
 }
 
-// awaitStderr waits until the dlock process p prints s on stderr.
-func awaitStderr(t *testing.T, p *proc, s string) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !strings.Contains(p.errb.String(), s) {
-		if time.Now().After(deadline) {
-			t.Fatalf("dlock did not print %q on stderr within 30s; stderr %q", s, p.errb.String())
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
-// inspectJSON is `dlock inspect --json` with the fields of kinds.
-type inspectJSON struct {
-	Key     string `json:"key"`
-	Held    bool   `json:"held"`
-	Kind    string `json:"kind"`
-	Owner   string `json:"owner"`
-	Fence   uint64 `json:"fence"`
-	Value   string `json:"value"`
-	Permits int    `json:"permits"`
-	Holds   []struct {
-		Owner string `json:"owner"`
-		Fence uint64 `json:"fence"`
-	} `json:"holds"`
-	Waiters *int `json:"waiters"`
-}
-
+// inspectKey runs `dlock inspect --json key` on url and returns what it
+// printed.
 func inspectKey(t *testing.T, url, key string) inspectJSON {
 	t.Helper()
-	r := dlockRun(t, on(url, "inspect", "--json", key)...)
-	assertCode(t, r, 0)
-	var j inspectJSON
-	if err := json.Unmarshal([]byte(r.stdout), &j); err != nil {
-		t.Fatalf("inspect --json: %v in %q", err, r.stdout)
-	}
-	return j
+	return decodeInfo(t, dlockRun(t, on(url, "inspect", "--json", key)...))
 }
 
 // testRunPermits: of three `run --permits 2` started together, two run
@@ -176,14 +159,7 @@ func testRunPermits(t *testing.T, url string) {
 		}
 	}
 
-	letGo(t, dir)
-	for _, p := range []*proc{a, b, c} {
-		assertCode(t, p.wait(30*time.Second), 0)
-	}
-	seen := sightings(t, dir)
-	if len(seen) != 6 {
-		t.Fatalf("saw: got %d lines, want 6 (two per command)", len(seen))
-	}
+	seen := finishAll(t, dir, a, b, c)
 	most := 0
 	for _, s := range seen {
 		most = max(most, s["permit"])
@@ -222,14 +198,7 @@ func testRunShared(t *testing.T, url string) {
 		t.Errorf("run --shared while a writer waits: stderr %q, want the writer named as the reason", late.stderr)
 	}
 
-	letGo(t, dir)
-	for _, p := range []*proc{r1, r2, w} {
-		assertCode(t, p.wait(30*time.Second), 0)
-	}
-	seen := sightings(t, dir)
-	if len(seen) != 6 {
-		t.Fatalf("saw: got %d lines, want 6", len(seen))
-	}
+	seen := finishAll(t, dir, r1, r2, w)
 	readersTogether := false
 	for _, s := range seen {
 		if s["kind:lock"] == 1 && s["read"] != 0 || s["kind:read"] == 1 && s["lock"] != 0 {
@@ -309,14 +278,7 @@ func TestKindsBadInput(t *testing.T) {
 // command.
 func TestKindsUnsupported(t *testing.T) {
 	t.Parallel()
-	nodes, err := testserver.StartRedisN(3, testserver.RedisOptions{})
-	skipIfMissing(t, err)
-	addrs := make([]string, len(nodes))
-	for i, n := range nodes {
-		t.Cleanup(func() { _ = n.Stop() })
-		addrs[i] = n.Addr()
-	}
-	url := "redlock://" + strings.Join(addrs, ",")
+	url := redlockURL(t)
 	marker := filepath.Join(t.TempDir(), "ran")
 	for _, tc := range []struct {
 		args []string

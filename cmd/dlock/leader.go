@@ -183,12 +183,9 @@ so: "leader none", or "leader": false in JSON).`,
 				return err
 			}
 			defer h.close()
-			octx, cancel := context.WithTimeout(ctx, g.timeout)
-			defer cancel()
-			l, err := e.Leader(octx)
-			ok := err == nil
-			if err != nil && !errors.Is(err, dlock.ErrNoLeader) {
-				return electionError("leader show", h.conn, g.timeout, err)
+			l, ok, err := leaderNow(ctx, g, e, h, "leader show")
+			if err != nil {
+				return err
 			}
 			out := cmd.OutOrStdout()
 			if asJSON {
@@ -206,6 +203,19 @@ so: "leader none", or "leader": false in JSON).`,
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the leader as a JSON object")
 	return cmd
+}
+
+// leaderNow asks e for its leader within --timeout. ok is false if the
+// election has none; any other failure is returned as the error of
+// command name.
+func leaderNow(ctx context.Context, g *globals, e *dlock.Election, h *hold, name string) (l dlock.Leader, ok bool, err error) {
+	octx, cancel := context.WithTimeout(ctx, g.timeout)
+	defer cancel()
+	l, err = e.Leader(octx)
+	if err != nil && !errors.Is(err, dlock.ErrNoLeader) {
+		return l, false, electionError(name, h.conn, g.timeout, err)
+	}
+	return l, err == nil, nil
 }
 
 // writeLeader prints an election's leader as aligned "name value" lines.
@@ -251,11 +261,8 @@ Changes are seen within a second; a leader that came and went faster may be miss
 			defer h.close()
 			// Leader election unsupported, or the server unreachable: say
 			// so at once rather than watching nothing.
-			octx, cancel := context.WithTimeout(ctx, g.timeout)
-			_, err = e.Leader(octx)
-			cancel()
-			if err != nil && !errors.Is(err, dlock.ErrNoLeader) {
-				return electionError("leader watch", h.conn, g.timeout, err)
+			if _, _, err := leaderNow(ctx, g, e, h, "leader watch"); err != nil {
+				return err
 			}
 			out := cmd.OutOrStdout()
 			for l := range e.Observe(ctx) {

@@ -27,6 +27,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/locktest"
 	"github.com/dlock-go/dlock/internal/testserver"
 	"github.com/dlock-go/dlock/redislock"
 )
@@ -140,14 +141,21 @@ type proc struct {
 	res    *result
 }
 
+// syncBuffer is a bytes.Buffer safe for concurrent use whose readers can
+// await the next Write.
 type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
+	mu      sync.Mutex
+	b       bytes.Buffer
+	written chan struct{} // closed by the next Write; nil if nobody awaits it
 }
 
 func (s *syncBuffer) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.written != nil {
+		close(s.written)
+		s.written = nil
+	}
 	return s.b.Write(p)
 }
 
@@ -155,6 +163,17 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// next returns what was written so far and a channel that the next Write
+// closes.
+func (s *syncBuffer) next() (string, <-chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.written == nil {
+		s.written = make(chan struct{})
+	}
+	return s.b.String(), s.written
 }
 
 // startDlock starts dlock with args; the process is killed at the end of
@@ -290,6 +309,50 @@ func hold(t *testing.T, key string, opts ...dlock.Option) *dlock.Lease {
 	return l
 }
 
+// inspectJSON is what `dlock inspect --json` and `release --json` print;
+// the fields a backend or kind lacks stay zero.
+type inspectJSON struct {
+	Key     string `json:"key"`
+	Held    bool   `json:"held"`
+	Kind    string `json:"kind"`
+	Owner   string `json:"owner"`
+	Fence   uint64 `json:"fence"`
+	Value   string `json:"value"`
+	TTLms   int64  `json:"ttl_ms"`
+	Count   int    `json:"count"`
+	Permits int    `json:"permits"`
+	Holds   []struct {
+		Owner string `json:"owner"`
+		Fence uint64 `json:"fence"`
+	} `json:"holds"`
+	Waiters *int    `json:"waiters"`
+	Backend string  `json:"backend"`
+	Action  *string `json:"action"`
+}
+
+// decodeInfo asserts that dlock exited 0 and decodes the JSON it printed.
+func decodeInfo(t *testing.T, r result) inspectJSON {
+	t.Helper()
+	assertCode(t, r, 0)
+	var j inspectJSON
+	if err := json.Unmarshal([]byte(r.stdout), &j); err != nil {
+		t.Fatalf("--json: %v in %q", err, r.stdout)
+	}
+	return j
+}
+
+// ownRedis starts a redis-server for the test alone, stopped when the test
+// ends.
+func ownRedis(t *testing.T) *testserver.Redis {
+	t.Helper()
+	own, err := testserver.StartRedis(testserver.RedisOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = own.Stop() })
+	return own
+}
+
 // inspect reads key's state on the shared server.
 func inspect(t *testing.T, key string) dlock.Info {
 	t.Helper()
@@ -318,16 +381,42 @@ func assertCode(t *testing.T, r result, want int) {
 	}
 }
 
+// assertLost asserts that dlock exited with the lost code (76) after
+// stopping its trapScript command with SIGTERM, and that its stderr says
+// lost (what it lost, e.g. `lost the lock "K"`).
+func assertLost(t *testing.T, r result, lost string) {
+	t.Helper()
+	assertCode(t, r, 76)
+	if !strings.Contains(r.stdout, "got-TERM") {
+		t.Errorf("child output: got %q, want got-TERM", r.stdout)
+	}
+	if !strings.Contains(r.stderr, lost) {
+		t.Errorf("stderr: got %q, want %q", r.stderr, lost)
+	}
+}
+
 // awaitWaiting waits until the dlock process p says on stderr that it
 // waits for the lock (its Client began waiting after a failed attempt).
 func awaitWaiting(t *testing.T, p *proc) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !strings.Contains(p.errb.String(), "is held by another owner: waiting") {
-		if time.Now().After(deadline) {
-			t.Fatalf("dlock did not report waiting within 30s; stderr %q", p.errb.String())
+	awaitStderr(t, p, "is held by another owner: waiting")
+}
+
+// awaitStderr waits until the dlock process p prints s on stderr, failing
+// the test if that takes 30 s.
+func awaitStderr(t *testing.T, p *proc, s string) {
+	t.Helper()
+	timeout := time.After(30 * time.Second)
+	for {
+		text, written := p.errb.next()
+		if strings.Contains(text, s) {
+			return
 		}
-		time.Sleep(5 * time.Millisecond)
+		select {
+		case <-written:
+		case <-timeout:
+			t.Fatalf("dlock did not print %q on stderr within 30s; stderr %q", s, p.errb.String())
+		}
 	}
 }
 
@@ -475,13 +564,7 @@ func TestRunFIFO(t *testing.T) {
 		p := startDlock(t, "run", "--fifo", "--wait", "30s", key, "--", "sh", "-c", fmt.Sprintf(`echo %d >> "$0"`, i), order)
 		procs = append(procs, p)
 		// Queue them one after the other.
-		deadline := time.Now().Add(30 * time.Second)
-		for inspect(t, key).Waiters < i {
-			if time.Now().After(deadline) {
-				t.Fatalf("waiter %d not queued within 30s", i)
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+		locktest.WaitFor(t, 30*time.Second, fmt.Sprintf("waiter %d queued", i), func() bool { return inspect(t, key).Waiters >= i })
 	}
 	if err := l.Release(context.Background()); err != nil {
 		t.Fatal(err)
@@ -563,13 +646,7 @@ func TestRunLostLeaseForceReleased(t *testing.T) {
 	rel := dlockRun(t, "release", "--force", key)
 	assertCode(t, rel, 0)
 	r := p.wait(10 * time.Second)
-	assertCode(t, r, 76)
-	if !strings.Contains(r.stdout, "got-TERM") {
-		t.Errorf("child output: got %q, want got-TERM", r.stdout)
-	}
-	if want := fmt.Sprintf("lost the lock %q", key); !strings.Contains(r.stderr, want) {
-		t.Errorf("stderr: got %q, want %q", r.stderr, want)
-	}
+	assertLost(t, r, fmt.Sprintf("lost the lock %q", key))
 	if strings.Contains(r.stderr, "SIGKILL\n") {
 		t.Errorf("stderr: got %q, want no SIGKILL (the child exits on SIGTERM)", r.stderr)
 	}
@@ -632,13 +709,9 @@ func TestRunCommandDiesWithDlock(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.wait(10 * time.Second)
-	deadline := time.Now().Add(10 * time.Second)
-	for alive(pid) {
-		if time.Now().After(deadline) {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-			t.Fatalf("the command (pid %d) still runs 10s after dlock was killed", pid)
-		}
-		time.Sleep(10 * time.Millisecond)
+	if !locktest.Poll(10*time.Second, func() bool { return !alive(pid) }) {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+		t.Fatalf("the command (pid %d) still runs 10s after dlock was killed", pid)
 	}
 }
 
@@ -654,62 +727,49 @@ func alive(pid int) bool {
 	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
 }
 
-// The lease is lost when the server stops answering for longer than the
-// TTL: the child is stopped and dlock exits with the lost code.
-func TestRunLostLeaseServerStopped(t *testing.T) {
+// TestRunLostLeaseServerFault: a lease is lost when its server stops
+// answering for longer than the TTL; the child is stopped and dlock exits
+// with the lost code.
+//   - stopped: the server is killed; dlock stops the command within a few
+//     TTLs.
+//   - frozen: a lease lost to a frozen server is not released on that
+//     server: dlock stops the command and exits at once instead of waiting
+//     up to --timeout for a server that does not answer. With --timeout 1m,
+//     a dlock that waited would still run when the test gives up (the
+//     server stays frozen until dlock exits).
+func TestRunLostLeaseServerFault(t *testing.T) {
 	t.Parallel()
-	own, err := testserver.StartRedis(testserver.RedisOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = own.Stop() })
-	key := keyFor(t)
-	p := startDlock(t, "--backend", "redis://"+own.Addr(), "--timeout", "500ms",
-		"run", "--ttl", "1s", key, "--", "sh", "-c", trapScript)
-	p.await("ready")
-	if err := own.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	killed := time.Now()
-	r := p.wait(15 * time.Second)
-	assertCode(t, r, 76)
-	if !strings.Contains(r.stdout, "got-TERM") {
-		t.Errorf("child output: got %q, want got-TERM", r.stdout)
-	}
-	if want := fmt.Sprintf("lost the lock %q", key); !strings.Contains(r.stderr, want) {
-		t.Errorf("stderr: got %q, want %q", r.stderr, want)
-	}
-	if took := time.Since(killed); took > 5*time.Second {
-		t.Errorf("dlock stopped the command %v after the server died, want within a few TTLs (1s)", took)
-	}
-}
-
-// A lease lost to a frozen server is not released on that server: dlock
-// stops the command and exits at once instead of waiting up to --timeout
-// for a server that does not answer. With --timeout 1m, a dlock that waited
-// would still run when the test gives up.
-func TestRunLostLeaseFrozenServerNoReleaseWait(t *testing.T) {
-	t.Parallel()
-	own, err := testserver.StartRedis(testserver.RedisOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = own.Stop() })
-	key := keyFor(t)
-	p := startDlock(t, "--backend", "redis://"+own.Addr(), "--timeout", "1m",
-		"run", "--ttl", "1s", key, "--", "sh", "-c", trapScript)
-	p.await("ready")
-	if err := own.Pause(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = own.Resume() })
-	r := p.wait(30 * time.Second) // the server stays frozen until dlock exits
-	assertCode(t, r, 76)
-	if !strings.Contains(r.stdout, "got-TERM") {
-		t.Errorf("child output: got %q, want got-TERM", r.stdout)
-	}
-	if want := fmt.Sprintf("lost the lock %q", key); !strings.Contains(r.stderr, want) {
-		t.Errorf("stderr: got %q, want %q", r.stderr, want)
+	for _, tc := range []struct {
+		name    string
+		timeout string
+		fault   func(t *testing.T, own *testserver.Redis) error
+		limit   time.Duration // for dlock to exit
+		within  time.Duration // for dlock to stop the command; 0: no bound
+	}{
+		{name: "stopped", timeout: "500ms", fault: func(_ *testing.T, own *testserver.Redis) error { return own.Kill() },
+			limit: 15 * time.Second, within: 5 * time.Second},
+		{name: "frozen", timeout: "1m", fault: func(t *testing.T, own *testserver.Redis) error {
+			t.Cleanup(func() { _ = own.Resume() })
+			return own.Pause()
+		}, limit: 30 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			own := ownRedis(t)
+			key := keyFor(t)
+			p := startDlock(t, "--backend", "redis://"+own.Addr(), "--timeout", tc.timeout,
+				"run", "--ttl", "1s", key, "--", "sh", "-c", trapScript)
+			p.await("ready")
+			if err := tc.fault(t, own); err != nil {
+				t.Fatal(err)
+			}
+			faulted := time.Now()
+			r := p.wait(tc.limit)
+			assertLost(t, r, fmt.Sprintf("lost the lock %q", key))
+			if took := time.Since(faulted); tc.within != 0 && took > tc.within {
+				t.Errorf("dlock stopped the command %v after the server died, want within a few TTLs (1s)", took)
+			}
+		})
 	}
 }
 
@@ -759,21 +819,7 @@ func TestInspect(t *testing.T) {
 			t.Errorf("inspect output %q does not match %s", held.stdout, re)
 		}
 	}
-	heldJSON := dlockRun(t, "inspect", "--json", key)
-	assertCode(t, heldJSON, 0)
-	var hj struct {
-		Key     string `json:"key"`
-		Held    bool   `json:"held"`
-		Owner   string `json:"owner"`
-		Fence   uint64 `json:"fence"`
-		TTLms   int64  `json:"ttl_ms"`
-		Count   int    `json:"count"`
-		Waiters *int   `json:"waiters"`
-		Backend string `json:"backend"`
-	}
-	if err := json.Unmarshal([]byte(heldJSON.stdout), &hj); err != nil {
-		t.Fatalf("inspect --json: %v in %q", err, heldJSON.stdout)
-	}
+	hj := decodeInfo(t, dlockRun(t, "inspect", "--json", key))
 	if !hj.Held || hj.Key != key || hj.Owner != l.Owner() || hj.Fence != l.Fence() || hj.Count != 1 || hj.Backend != "redis" {
 		t.Errorf("inspect --json: got %+v, want held by %q with fence %d, count 1, backend redis", hj, l.Owner(), l.Fence())
 	}
@@ -990,11 +1036,7 @@ func TestServerRefuses(t *testing.T) {
 
 func TestServerNotAnswering(t *testing.T) {
 	t.Parallel()
-	own, err := testserver.StartRedis(testserver.RedisOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = own.Stop() })
+	own := ownRedis(t)
 	if err := own.Pause(); err != nil {
 		t.Fatal(err)
 	}
@@ -1106,28 +1148,6 @@ func regexpMatch(re, s string) bool { return regexp.MustCompile(re).MatchString(
 
 func regexpQuote(s string) string { return regexp.QuoteMeta(s) }
 
-// TestVerify runs `dlock verify` end to end: worker processes re-executed
-// from this binary, a pause fault, the negative control on the naive
-// register.
-func TestVerify(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs an 8 s verification")
-	}
-	out := t.TempDir()
-	cmd := exec.Command(bin, "verify", "--faults", "pause", "--duration", "8s", "--runs", "1", "--workers", "3", "--ttl", "400ms", "--out", out)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("dlock verify: %v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
-	}
-	if !strings.Contains(stdout.String(), "PASS") {
-		t.Fatalf("verify report without PASS:\n%s", stdout.String())
-	}
-	if _, err := os.Stat(out + "/report.md"); err != nil {
-		t.Fatalf("report.md not written: %v", err)
-	}
-}
-
 // TestMetricsAddr scrapes --metrics-addr of a running `dlock run` and
 // finds the documented metric names.
 func TestMetricsAddr(t *testing.T) {
@@ -1152,21 +1172,18 @@ func TestMetricsAddr(t *testing.T) {
 	url := strings.TrimSpace(strings.TrimPrefix(line, prefix))
 	// The lease is renewed every TTL/3: scrape once a renewal happened.
 	var body string
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		resp, err := http.Get(url)
-		if err == nil {
-			b, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			body = string(b)
-			if strings.Contains(body, `dlock_renewals_total{dlock_backend="redis"`) && !strings.Contains(body, `dlock_renewals_total{dlock_backend="redis"} 0`) {
-				break
-			}
+	renewed := locktest.Poll(10*time.Second, func() bool {
+		var resp *http.Response
+		if resp, err = http.Get(url); err != nil {
+			return false
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no renewal in the scraped metrics within 10s (err %v):\n%s", err, body)
-		}
-		time.Sleep(50 * time.Millisecond)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		body = string(b)
+		return strings.Contains(body, `dlock_renewals_total{dlock_backend="redis"`) && !strings.Contains(body, `dlock_renewals_total{dlock_backend="redis"} 0`)
+	})
+	if !renewed {
+		t.Fatalf("no renewal in the scraped metrics within 10s (err %v):\n%s", err, body)
 	}
 	for _, name := range []string{
 		`dlock_acquisitions_total{dlock_backend="redis",dlock_outcome="acquired"} 1`,
