@@ -19,8 +19,7 @@ import (
 const childEnv = "DLOCK_BENCH_CHILD"
 
 type childSpec struct {
-	Subject   string        `json:"subject"`
-	Addrs     addrs         `json:"addrs"`
+	childTarget
 	Run       int           `json:"run"`
 	Quick     bool          `json:"quick"`
 	Leases    int           `json:"leases"`
@@ -39,16 +38,10 @@ const notePrefix = "NOTE "
 
 // runChild measures what spec says and prints one RESULT line.
 func runChild(raw string) error {
-	var spec childSpec
-	if err := json.Unmarshal([]byte(raw), &spec); err != nil {
+	spec, s, e, err := decodeSpec[childSpec](raw)
+	if err != nil {
 		return err
 	}
-	s := subjectByID(spec.Subject)
-	if s == nil {
-		return fmt.Errorf("unknown subject %q", spec.Subject)
-	}
-	e := newEnv(func(string, ...any) {})
-	e.a = spec.Addrs
 	c := fullConfig()
 	c.quick, c.poll = spec.Quick, spec.Poll
 	c.s5Leases, c.s5TTL, c.s5Hold, c.s5FillMax = spec.Leases, spec.TTL, spec.Hold, spec.FillMax
@@ -80,7 +73,7 @@ func measureS5(e *env, c config, s *subject, run int) (metrics, error) {
 		return nil, err
 	}
 	spec, err := json.Marshal(childSpec{
-		Subject: s.id, Addrs: e.a, Run: run, Quick: c.quick,
+		childTarget: childTarget{s.id, e.a}, Run: run, Quick: c.quick,
 		Leases: c.s5Leases, TTL: c.s5TTL, Hold: c.s5Hold, FillMax: c.s5FillMax,
 		Poll: c.poll, OpTimeout: opTimeout,
 	})

@@ -17,10 +17,9 @@ import (
 const holderEnv = "DLOCK_BENCH_HOLDER"
 
 type holderSpec struct {
-	Subject string        `json:"subject"`
-	Addrs   addrs         `json:"addrs"`
-	Key     string        `json:"key"`
-	TTL     time.Duration `json:"ttl"`
+	childTarget
+	Key string        `json:"key"`
+	TTL time.Duration `json:"ttl"`
 	// Lead makes the holder campaign in the election on Key (K3) instead
 	// of taking the lock.
 	Lead bool `json:"lead,omitempty"`
@@ -30,35 +29,56 @@ type holderSpec struct {
 // exits when the environment asks for it; otherwise it returns at once.
 // main and TestMain call it first.
 func maybeHolder() {
-	if spec := os.Getenv(childEnv); spec != "" {
-		if err := runChild(spec); err != nil {
+	for _, child := range []struct {
+		env string
+		run func(spec string) error
+	}{{childEnv, runChild}, {holderEnv, runHolder}} {
+		spec := os.Getenv(child.env)
+		if spec == "" {
+			continue
+		}
+		if err := child.run(spec); err != nil {
 			fmt.Fprintln(os.Stdout, "error:", err)
 			os.Exit(1)
 		}
 		os.Exit(0)
 	}
-	spec := os.Getenv(holderEnv)
-	if spec == "" {
-		return
+}
+
+// childTarget is what the spec of every child process names: the subject
+// and the servers it runs on.
+type childTarget struct {
+	Subject string `json:"subject"`
+	Addrs   addrs  `json:"addrs"`
+}
+
+func (t childTarget) target() childTarget { return t }
+
+// decodeSpec decodes a child process's spec from raw and returns it with
+// the subject it names and an env on its servers.
+func decodeSpec[T any, P interface {
+	*T
+	target() childTarget
+}](raw string) (*T, *subject, *env, error) {
+	spec := new(T)
+	if err := json.Unmarshal([]byte(raw), spec); err != nil {
+		return nil, nil, nil, err
 	}
-	if err := runHolder(spec); err != nil {
-		fmt.Fprintln(os.Stdout, "error:", err)
-		os.Exit(1)
+	t := P(spec).target()
+	s := subjectByID(t.Subject)
+	if s == nil {
+		return nil, nil, nil, fmt.Errorf("unknown subject %q", t.Subject)
 	}
-	os.Exit(0)
+	e := newEnv(func(string, ...any) {})
+	e.a = t.Addrs
+	return spec, s, e, nil
 }
 
 func runHolder(raw string) error {
-	var spec holderSpec
-	if err := json.Unmarshal([]byte(raw), &spec); err != nil {
+	spec, s, e, err := decodeSpec[holderSpec](raw)
+	if err != nil {
 		return err
 	}
-	s := subjectByID(spec.Subject)
-	if s == nil {
-		return fmt.Errorf("unknown subject %q", spec.Subject)
-	}
-	e := newEnv(func(string, ...any) {})
-	e.a = spec.Addrs
 	o := openOpts{ttl: spec.TTL, poll: 2 * time.Millisecond}
 	ctx, cancel := opCtx()
 	defer cancel()
@@ -170,7 +190,7 @@ func measureTakeover(e *env, c config, s *subject, run int, lead bool) (metrics,
 		return nil, err
 	}
 
-	cmd, err := startHolder(holderSpec{Subject: s.id, Addrs: e.a, Key: key, TTL: c.s4TTL, Lead: lead})
+	cmd, err := startHolder(holderSpec{childTarget: childTarget{s.id, e.a}, Key: key, TTL: c.s4TTL, Lead: lead})
 	if err != nil {
 		return nil, err
 	}

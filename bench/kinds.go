@@ -275,16 +275,11 @@ type elector interface {
 // lease TTL, as the mutex's).
 func openElector(e *env, s *subject, o openOpts) (elector, error) {
 	if s.id == "etcd-mutex" {
-		cli, err := newEtcdClient(e.a.Etcd, o.count)
+		l, err := openEtcdMutex(e, o)
 		if err != nil {
-			return nil, err
+			return nil, err // not a typed nil in the interface
 		}
-		sess, err := concurrency.NewSession(cli, concurrency.WithTTL(etcdSeconds(o.ttl)))
-		if err != nil {
-			_ = cli.Close()
-			return nil, err
-		}
-		return &etcdMutexLocker{cli: cli, sess: sess}, nil
+		return l, nil
 	}
 	d, err := openDlock(e, s, o)
 	if err != nil {
@@ -313,24 +308,15 @@ func (l *etcdMutexLocker) campaign(ctx context.Context, key, value string) (held
 	if err := el.Campaign(ctx, value); err != nil {
 		return nil, err
 	}
-	return etcdElectionHeld{el, l.sess}, nil
+	return etcdElectionHeld{el, etcdSession{l.sess}}, nil
 }
 
 type etcdElectionHeld struct {
-	el   *concurrency.Election
-	sess *concurrency.Session
+	el *concurrency.Election
+	etcdSession
 }
 
 func (h etcdElectionHeld) unlock(ctx context.Context) error { return h.el.Resign(ctx) }
-
-func (h etcdElectionHeld) lost() bool {
-	select {
-	case <-h.sess.Done():
-		return true
-	default:
-		return false
-	}
-}
 
 // ---- K1: semaphore ----
 
@@ -414,9 +400,7 @@ func contend(e *env, c config, s *subject, open func(*env, openOpts) (locker, er
 	)
 	defer cancel()
 	for _, l := range lockers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			<-startc
 			for !stop.Load() {
 				h, err := l.lock(ctx, key)
@@ -444,7 +428,7 @@ func contend(e *env, c config, s *subject, open func(*env, openOpts) (locker, er
 					firstErr.CompareAndSwap(nil, &err)
 				}
 			}
-		}()
+		})
 	}
 	start := time.Now()
 	close(startc)
@@ -482,22 +466,14 @@ func measureK3(e *env, c config, s *subject, run int) (metrics, error) {
 // ---- targets ----
 
 // kindTargets are the K scenarios' rows of the targets table.
-func (r *report) kindTargets(measured func(*result, string) *outcome, why func(*result, string) string) []target {
+func (r *report) kindTargets() []target {
 	var ts []target
-	notMeasured := func(what, reason string) { ts = append(ts, target{what, "—", "not measured: " + reason}) }
 	if k1 := r.result("K1"); k1 != nil {
-		what := "K1: dlock redislock semaphore ≥ 0.8× the raw sorted-set semaphore (ops/s)"
-		d, f := measured(k1, "redislock"), measured(k1, "floor")
-		switch {
-		case d == nil:
-			notMeasured(what, why(k1, "redislock"))
-		case f == nil:
-			notMeasured(what, why(k1, "floor"))
-		default:
+		ts = append(ts, versus(k1, "redislock", "floor", "K1: dlock redislock semaphore ≥ 0.8× the raw sorted-set semaphore (ops/s)", func(d, f *outcome) (string, bool) {
 			v := d.value("ops/s") / f.value("ops/s")
-			ts = append(ts, target{what, fmt.Sprintf("%s vs %s ops/s = %.2f× (server commands per cycle %s vs %s)",
-				num(d.value("ops/s"), 0), num(f.value("ops/s"), 0), v, num(d.value("srv/op"), 2), num(f.value("srv/op"), 2)), verdict(v >= 0.8)})
-		}
+			return fmt.Sprintf("%s vs %s ops/s = %.2f× (server commands per cycle %s vs %s)",
+				num(d.value("ops/s"), 0), num(f.value("ops/s"), 0), v, num(d.value("srv/op"), 2), num(f.value("srv/op"), 2)), v >= 0.8
+		}))
 	}
 	if k2 := r.result("K2"); k2 != nil {
 		for _, o := range k2.outs {
@@ -512,16 +488,16 @@ func (r *report) kindTargets(measured func(*result, string) *outcome, why func(*
 	if k3 := r.result("K3"); k3 != nil {
 		limit := float64((r.c.s4TTL + 100*time.Millisecond) / time.Millisecond)
 		what := "K3: dlock redislock — a new leader within TTL + 100 ms of the leader's SIGKILL"
-		d := measured(k3, "redislock")
+		d := k3.measured("redislock")
 		if o := k3.find("redislock"); o != nil && len(o.errs) > 0 {
 			ts = append(ts, target{what, fmt.Sprintf("%d of %d runs failed: %s", len(o.errs), len(o.errs)+len(o.runs), o.errs[0]), notMet})
 		} else if d == nil {
-			notMeasured(what, why(k3, "redislock"))
+			ts = append(ts, notMeasuredTarget(what, k3.why("redislock")))
 		} else {
 			mx := d.value("recovery max")
 			ts = append(ts, target{what, fmt.Sprintf("median %s ms, max %s ms (limit %s ms)", num(d.value("recovery ms"), 0), num(mx, 0), num(limit, 0)), verdict(mx <= limit)})
 		}
-		if p := measured(k3, "etcd-mutex"); d != nil && p != nil {
+		if p := k3.measured("etcd-mutex"); d != nil && p != nil {
 			ts = append(ts, target{"K3 (for information, no target): dlock redislock against etcd concurrency.Election (median fail-over)",
 				fmt.Sprintf("%s ms against %s ms (dlock's leader was renewed about 100 ms before the kill, etcd's lease up to TTL/3 before)",
 					num(d.value("recovery ms"), 0), num(p.value("recovery ms"), 0)), "—"})

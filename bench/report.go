@@ -321,6 +321,51 @@ const (
 	notMet = "❌ not met"
 )
 
+// notMeasuredTarget returns the row of a target that was not measured, for
+// the reason why.
+func notMeasuredTarget(what, why string) target {
+	return target{what, "—", "not measured: " + why}
+}
+
+// versus returns the target row what for subject a against subject b in
+// res: not measured, with the reason, if either has no result; else the
+// figure row makes of their outcomes, met if row says so.
+func versus(res *result, a, b, what string, row func(d, p *outcome) (figure string, ok bool)) target {
+	d, p := res.measured(a), res.measured(b)
+	switch {
+	case d == nil:
+		return notMeasuredTarget(what, res.why(a))
+	case p == nil:
+		return notMeasuredTarget(what, res.why(b))
+	}
+	fig, ok := row(d, p)
+	return target{what, fig, verdict(ok)}
+}
+
+// why says why subject id of res has no result.
+func (res *result) why(id string) string {
+	if res == nil {
+		return "scenario not run"
+	}
+	o := res.find(id)
+	if o == nil {
+		return id + " not selected"
+	}
+	if o.skip != "" {
+		return o.skip
+	}
+	return "no result"
+}
+
+// measured returns the outcome of subject id in res if it has a result,
+// else nil.
+func (res *result) measured(id string) *outcome {
+	if o := res.find(id); o != nil && o.med != nil {
+		return o
+	}
+	return nil
+}
+
 func verdict(ok bool) string {
 	if ok {
 		return met
@@ -330,32 +375,13 @@ func verdict(ok bool) string {
 
 func (r *report) targets() []target {
 	var ts []target
-	notMeasured := func(what, why string) { ts = append(ts, target{what, "—", "not measured: " + why}) }
-	why := func(res *result, id string) string {
-		if res == nil {
-			return "scenario not run"
-		}
-		o := res.find(id)
-		if o == nil {
-			return id + " not selected"
-		}
-		if o.skip != "" {
-			return o.skip
-		}
-		return "no result"
-	}
-	measured := func(res *result, id string) *outcome {
-		if o := res.find(id); o != nil && o.med != nil {
-			return o
-		}
-		return nil
-	}
+	notMeasured := func(what, why string) { ts = append(ts, notMeasuredTarget(what, why)) }
 
 	// S1
 	s1 := r.result("S1")
 	{
 		what := "S1: dlock redislock ≥ 0.9× the raw floor and ≥ 1.0× the fastest peer (ops/s)"
-		d, f := measured(s1, "redislock"), measured(s1, "floor")
+		d, f := s1.measured("redislock"), s1.measured("floor")
 		col := column{key: "ops/s"}
 		var p *outcome
 		if s1 != nil {
@@ -363,7 +389,7 @@ func (r *report) targets() []target {
 		}
 		switch {
 		case d == nil:
-			notMeasured(what, why(s1, "redislock"))
+			notMeasured(what, s1.why("redislock"))
 		case f == nil || p == nil:
 			notMeasured(what, "floor or peers not measured")
 		default:
@@ -374,7 +400,7 @@ func (r *report) targets() []target {
 		}
 	}
 
-	if d, ff, f := measured(s1, "redislock"), measured(s1, "fenced-floor"), measured(s1, "floor"); d != nil && ff != nil {
+	if d, ff, f := s1.measured("redislock"), s1.measured("fenced-floor"), s1.measured("floor"); d != nil && ff != nil {
 		// Information: how much of the gap to the raw floor is fencing.
 		fig := fmt.Sprintf("dlock redislock %s ops/s = %.2f× the fenced floor (%s ops/s)",
 			num(d.value("ops/s"), 0), d.value("ops/s")/ff.value("ops/s"), num(ff.value("ops/s"), 0))
@@ -387,19 +413,19 @@ func (r *report) targets() []target {
 	// S3
 	s3 := r.result("S3")
 	{
-		fifo := measured(s3, "redislock-fifo")
+		fifo := s3.measured("redislock-fifo")
 		var p *outcome
 		if s3 != nil {
 			p = s3.bestPeer(srvRedis, column{key: "handoffs/s"})
 		}
-		fl := measured(s3, "floor")
+		fl := s3.measured("floor")
 		what1 := "S3: FIFO hand-offs/s ≥ 2× the best Redis peer"
 		what2 := "S3: FIFO hand-offs/s ≥ 2× the polling baseline (floor, 2 ms)"
 		what3 := "S3: Jain's index ≥ 0.99 in FIFO mode"
 		what4 := "S3: ≤ 4 client requests per acquisition, release included (FIFO)"
 		what5 := "S3: p99 wait ≤ 2× the ideal FIFO wait (16 × mean cycle)"
 		if fifo == nil {
-			reason := why(s3, "redislock-fifo")
+			reason := s3.why("redislock-fifo")
 			for _, w := range []string{what1, what2, what3, what4, what5} {
 				notMeasured(w, reason)
 			}
@@ -422,7 +448,7 @@ func (r *report) targets() []target {
 			p99, ideal := fifo.value("p99 wait"), fifo.value("ideal wait")
 			ts = append(ts, target{what5, fmt.Sprintf("p99 %.1f ms, ideal %.1f ms (%.2f×)", p99, ideal, p99/ideal), verdict(p99 <= 2*ideal)})
 		}
-		if d := measured(s3, "redislock"); d != nil {
+		if d := s3.measured("redislock"); d != nil {
 			// Information: the notification mode against the same bars.
 			h := d.value("handoffs/s")
 			fig := fmt.Sprintf("%s hand-offs/s, Jain %.3f, %.2f req/acq", num(h, 0), d.value("jain"), d.value("req/op"))
@@ -522,32 +548,14 @@ func (r *report) targets() []target {
 	}
 
 	// etcd and Redlock
-	{
-		what := "etcd: dlock etcdlock hand-offs/s ≥ 5× concurrency.Mutex (S3)"
-		d, p := measured(s3, "etcdlock"), measured(s3, "etcd-mutex")
-		switch {
-		case d == nil:
-			notMeasured(what, why(s3, "etcdlock"))
-		case p == nil:
-			notMeasured(what, why(s3, "etcd-mutex"))
-		default:
-			v := d.value("handoffs/s") / p.value("handoffs/s")
-			ts = append(ts, target{what, fmt.Sprintf("%s vs %s hand-offs/s = %.2f×", num(d.value("handoffs/s"), 0), num(p.value("handoffs/s"), 0), v), verdict(v >= 5)})
-		}
-	}
-	{
-		what := "Redlock(5): dlock redlock ≥ 2× redsync(5) in S1 (ops/s)"
-		d, p := measured(s1, "redlock"), measured(s1, "redsync5")
-		switch {
-		case d == nil:
-			notMeasured(what, why(s1, "redlock"))
-		case p == nil:
-			notMeasured(what, why(s1, "redsync5"))
-		default:
-			v := d.value("ops/s") / p.value("ops/s")
-			ts = append(ts, target{what, fmt.Sprintf("%s vs %s ops/s = %.2f×", num(d.value("ops/s"), 0), num(p.value("ops/s"), 0), v), verdict(v >= 2)})
-		}
-	}
+	ts = append(ts, versus(s3, "etcdlock", "etcd-mutex", "etcd: dlock etcdlock hand-offs/s ≥ 5× concurrency.Mutex (S3)", func(d, p *outcome) (string, bool) {
+		v := d.value("handoffs/s") / p.value("handoffs/s")
+		return fmt.Sprintf("%s vs %s hand-offs/s = %.2f×", num(d.value("handoffs/s"), 0), num(p.value("handoffs/s"), 0), v), v >= 5
+	}))
+	ts = append(ts, versus(s1, "redlock", "redsync5", "Redlock(5): dlock redlock ≥ 2× redsync(5) in S1 (ops/s)", func(d, p *outcome) (string, bool) {
+		v := d.value("ops/s") / p.value("ops/s")
+		return fmt.Sprintf("%s vs %s ops/s = %.2f×", num(d.value("ops/s"), 0), num(p.value("ops/s"), 0), v), v >= 2
+	}))
 	// Safety, whatever the speed: no two holders at once in S3.
 	if s3 != nil {
 		var bad []string
@@ -562,5 +570,5 @@ func (r *report) targets() []target {
 		}
 		ts = append(ts, target{"S3: mutual exclusion (no acquisition while another goroutine is inside)", fig, verdict(len(bad) == 0)})
 	}
-	return append(ts, r.kindTargets(measured, why)...)
+	return append(ts, r.kindTargets()...)
 }

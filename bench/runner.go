@@ -164,11 +164,9 @@ func runScenario(e *env, c config, sc *scenario, subs []*subject, logf func(stri
 		if sc.quickParallel && c.quick {
 			var wg sync.WaitGroup
 			for _, o := range live {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
+				wg.Go(func() {
 					measure(o, run)
-				}()
+				})
 			}
 			wg.Wait()
 			continue

@@ -229,16 +229,14 @@ func measureS2(e *env, c config, s *subject, run int) (metrics, error) {
 	var wg sync.WaitGroup
 	errc := make(chan error, len(keys))
 	for _, k := range keys { // warm-up, in parallel so the pool fills
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for range 5 {
 				if err := cycle(l, k); err != nil {
 					errc <- err
 					return
 				}
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	select {
@@ -252,9 +250,7 @@ func measureS2(e *env, c config, s *subject, run int) (metrics, error) {
 	var ops, errs atomic.Int64
 	start := time.Now()
 	for _, k := range keys {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for time.Since(start) < c.s2Dur {
 				if err := cycle(l, k); err != nil {
 					errs.Add(1)
@@ -266,7 +262,7 @@ func measureS2(e *env, c config, s *subject, run int) (metrics, error) {
 				}
 				ops.Add(1)
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
@@ -325,9 +321,7 @@ func measureS3(e *env, c config, s *subject, run int) (metrics, error) {
 	defer cancel()
 	last.Store(-1)
 	for i, l := range lockers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			<-startc
 			for !stop.Load() {
 				t := time.Now()
@@ -362,7 +356,7 @@ func measureS3(e *env, c config, s *subject, run int) (metrics, error) {
 					recordErr(err)
 				}
 			}
-		}()
+		})
 	}
 	start := time.Now()
 	close(startc)
@@ -443,9 +437,7 @@ func measureS5Local(e *env, c config, s *subject, run int) (metrics, error) {
 	fillStart := time.Now()
 	var wg sync.WaitGroup
 	for range 64 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for time.Since(fillStart) < c.s5FillMax {
 				i := int(next.Add(1) - 1)
 				if i >= len(keys) {
@@ -488,7 +480,7 @@ func measureS5Local(e *env, c config, s *subject, run int) (metrics, error) {
 				}
 				hs[i] = r.h
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	fill := time.Since(fillStart)

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"net"
 	"time"
 
@@ -15,22 +14,13 @@ import (
 
 func etcdlockSubject() *subject {
 	return &subject{
-		id:       "etcdlock",
-		name:     "dlock etcdlock",
-		role:     roleDlock,
-		server:   srvEtcd,
-		renews:   true,
-		waitMode: "server-side queue",
-		serverKeys: func(e *env, prefix string) (int, error) {
-			cli, err := newEtcdClient(e.a.Etcd, nil)
-			if err != nil {
-				return 0, err
-			}
-			defer cli.Close()
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			return etcdCount(ctx, cli, etcdlock.DefaultPrefix+prefix)
-		},
+		id:         "etcdlock",
+		name:       "dlock etcdlock",
+		role:       roleDlock,
+		server:     srvEtcd,
+		renews:     true,
+		waitMode:   "server-side queue",
+		serverKeys: etcdKeys(etcdlock.DefaultPrefix),
 		open: func(e *env, o openOpts) (locker, error) {
 			cli, err := newEtcdClient(e.a.Etcd, o.count)
 			if err != nil {

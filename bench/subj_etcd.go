@@ -39,6 +39,36 @@ func etcdSeconds(ttl time.Duration) int {
 	return max(s, 2)
 }
 
+// openEtcdMutex opens a client of etcd's concurrency package with one
+// session of the lease TTL (etcd's whole seconds).
+func openEtcdMutex(e *env, o openOpts) (*etcdMutexLocker, error) {
+	cli, err := newEtcdClient(e.a.Etcd, o.count)
+	if err != nil {
+		return nil, err
+	}
+	sess, err := concurrency.NewSession(cli, concurrency.WithTTL(etcdSeconds(o.ttl)))
+	if err != nil {
+		_ = cli.Close()
+		return nil, err
+	}
+	return &etcdMutexLocker{cli: cli, sess: sess}, nil
+}
+
+// etcdKeys returns a subject's serverKeys: the number of keys under base
+// followed by the run's prefix, counted on a client of its own.
+func etcdKeys(base string) func(e *env, prefix string) (int, error) {
+	return func(e *env, prefix string) (int, error) {
+		cli, err := newEtcdClient(e.a.Etcd, nil)
+		if err != nil {
+			return 0, err
+		}
+		defer cli.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		return etcdCount(ctx, cli, base+prefix)
+	}
+}
+
 // etcdCount counts the keys under prefix.
 func etcdCount(ctx context.Context, cli *clientv3.Client, prefix string) (int, error) {
 	r, err := cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
@@ -52,33 +82,19 @@ func etcdCount(ctx context.Context, cli *clientv3.Client, prefix string) (int, e
 
 func etcdMutexSubject() *subject {
 	return &subject{
-		id:       "etcd-mutex",
-		name:     "etcd concurrency.Mutex",
-		role:     rolePeer,
-		server:   srvEtcd,
-		renews:   true,
-		waitMode: "queue by revision (watch)",
-		serverKeys: func(e *env, prefix string) (int, error) {
-			cli, err := newEtcdClient(e.a.Etcd, nil)
-			if err != nil {
-				return 0, err
-			}
-			defer cli.Close()
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			return etcdCount(ctx, cli, "/bench/"+prefix)
-		},
+		id:         "etcd-mutex",
+		name:       "etcd concurrency.Mutex",
+		role:       rolePeer,
+		server:     srvEtcd,
+		renews:     true,
+		waitMode:   "queue by revision (watch)",
+		serverKeys: etcdKeys("/bench/"),
 		open: func(e *env, o openOpts) (locker, error) {
-			cli, err := newEtcdClient(e.a.Etcd, o.count)
+			l, err := openEtcdMutex(e, o)
 			if err != nil {
-				return nil, err
+				return nil, err // not a typed nil in the interface
 			}
-			sess, err := concurrency.NewSession(cli, concurrency.WithTTL(etcdSeconds(o.ttl)))
-			if err != nil {
-				_ = cli.Close()
-				return nil, err
-			}
-			return &etcdMutexLocker{cli: cli, sess: sess}, nil
+			return l, nil
 		},
 	}
 }
@@ -95,7 +111,7 @@ func (l *etcdMutexLocker) lock(ctx context.Context, key string) (held, error) {
 	if err := m.Lock(ctx); err != nil {
 		return nil, err
 	}
-	return etcdMutexHeld{m, l.sess}, nil
+	return etcdMutexHeld{m, etcdSession{l.sess}}, nil
 }
 
 func (l *etcdMutexLocker) close() error {
@@ -103,13 +119,18 @@ func (l *etcdMutexLocker) close() error {
 }
 
 type etcdMutexHeld struct {
-	m    *concurrency.Mutex
-	sess *concurrency.Session
+	m *concurrency.Mutex
+	etcdSession
 }
 
 func (h etcdMutexHeld) unlock(ctx context.Context) error { return h.m.Unlock(ctx) }
 
-func (h etcdMutexHeld) lost() bool {
+// etcdSession is the lost method of a hold that lives as long as its
+// session.
+type etcdSession struct{ sess *concurrency.Session }
+
+// lost reports whether the session has ended.
+func (h etcdSession) lost() bool {
 	select {
 	case <-h.sess.Done():
 		return true

@@ -19,24 +19,37 @@ import (
 var cadScript = redis.NewScript(`if redis.call("GET", KEYS[1]) == ARGV[1] then return redis.call("DEL", KEYS[1]) end return 0`)
 
 func floorSubject() *subject {
+	return redisFloorSubject("floor", "floor: SET NX PX + Lua delete",
+		func(f redisFloor) locker { return &floorLocker{f} })
+}
+
+// redisFloorSubject returns the subject of a floor on one Redis server
+// that polls every 2 ms; newLocker makes its locker.
+func redisFloorSubject(id, name string, newLocker func(redisFloor) locker) *subject {
 	return &subject{
-		id:       "floor",
-		name:     "floor: SET NX PX + Lua delete",
+		id:       id,
+		name:     name,
 		role:     roleFloor,
 		server:   srvRedis,
 		waitMode: "polls every 2 ms",
 		open: func(e *env, o openOpts) (locker, error) {
-			return &floorLocker{rdb: newRedisClient(e.a.Redis, o.count, o.pool), ttl: o.ttl, poll: o.poll}, nil
+			return newLocker(redisFloor{rdb: newRedisClient(e.a.Redis, o.count, o.pool), ttl: o.ttl, poll: o.poll}), nil
 		},
 	}
 }
 
-// floorLocker is the least a Redis lock can do: one SET NX PX per attempt,
-// a fixed sleep between attempts, one EVALSHA to release. No renewal.
-type floorLocker struct {
+// redisFloor is what a floor on Redis holds: its client, the lock TTL and
+// the interval between attempts.
+type redisFloor struct {
 	rdb       *redis.Client
 	ttl, poll time.Duration
 }
+
+func (f redisFloor) close() error { return f.rdb.Close() }
+
+// floorLocker is the least a Redis lock can do: one SET NX PX per attempt,
+// a fixed sleep between attempts, one EVALSHA to release. No renewal.
+type floorLocker struct{ redisFloor }
 
 func (f *floorLocker) lock(ctx context.Context, key string) (held, error) {
 	key = "floor:" + key
@@ -73,8 +86,6 @@ func poll(ctx context.Context, every time.Duration, try func() (held, error)) (h
 	}
 }
 
-func (f *floorLocker) close() error { return f.rdb.Close() }
-
 type floorHeld struct {
 	f          *floorLocker
 	key, token string
@@ -93,26 +104,15 @@ func (h *floorHeld) lost() bool { return false }
 // ---- the fenced floor: the least a lock with redislock's fencing can do ----
 
 func fencedFloorSubject() *subject {
-	return &subject{
-		id:       "fenced-floor",
-		name:     "fenced floor: 2-call Lua acquire + 2-call Lua release",
-		role:     roleFloor,
-		server:   srvRedis,
-		waitMode: "polls every 2 ms",
-		open: func(e *env, o openOpts) (locker, error) {
-			return &fencedLocker{rdb: newRedisClient(e.a.Redis, o.count, o.pool), ttl: o.ttl, poll: o.poll}, nil
-		},
-	}
+	return redisFloorSubject("fenced-floor", "fenced floor: 2-call Lua acquire + 2-call Lua release",
+		func(f redisFloor) locker { return &fencedLocker{f} })
 }
 
 // fencedLocker is the least a Redis lock with fencing tokens can do
 // (package internal/fencedfloor, shared with redislock's benchmarks): one
 // EVALSHA of fencedfloor.Acquire per attempt, a fixed sleep between
 // attempts, one EVALSHA of fencedfloor.Release to release. No renewal.
-type fencedLocker struct {
-	rdb       *redis.Client
-	ttl, poll time.Duration
-}
+type fencedLocker struct{ redisFloor }
 
 func (f *fencedLocker) lock(ctx context.Context, key string) (held, error) {
 	lk := "ffloor:{" + key + "}"
@@ -133,8 +133,6 @@ func (f *fencedLocker) lock(ctx context.Context, key string) (held, error) {
 		return &fencedHeld{f: f, keys: keys, token: token, fence: fence}, nil
 	})
 }
-
-func (f *fencedLocker) close() error { return f.rdb.Close() }
 
 type fencedHeld struct {
 	f     *fencedLocker
