@@ -289,24 +289,7 @@ func fenceRegressions(leases []*lease) []Regression {
 // beliefOverlaps counts critical sections, and those that overlap another
 // owner's critical section.
 func beliefOverlaps(leases []*lease) (total, overlapping int) {
-	hit := make([]bool, len(leases))
-	for i, a := range leases { // by GrantedNs
-		for j := i + 1; j < len(leases); j++ {
-			b := leases[j]
-			if b.GrantedNs >= a.csEnd {
-				break
-			}
-			if a.Owner != b.Owner && b.csEnd > b.GrantedNs {
-				hit[i], hit[j] = true, true
-			}
-		}
-	}
-	for _, h := range hit {
-		if h {
-			overlapping++
-		}
-	}
-	return len(leases), overlapping
+	return conflictBeliefs(leases, func(a, b *lease) bool { return true })
 }
 
 func resourceFindings(evs []Event, name string) *ResourceFindings {

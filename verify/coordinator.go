@@ -333,9 +333,7 @@ func (r *run) runInProcess(ctx context.Context, resAddr string) (err error) {
 		spec := r.spec(i+1, 0, resAddr, false)
 		now := monoNow()
 		r.coord.log(Event{Op: OpSpawn, Target: spec.Proc, Worker: spec.Worker, InvokeNs: now, CompleteNs: now, Outcome: OutcomeOK})
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			errs[i] = runWorker(ctx, spec, nil, client, func(string) {}, quiet)
 			now := monoNow()
 			e := Event{Op: OpExit, Target: spec.Proc, Worker: spec.Worker, InvokeNs: now, CompleteNs: now, Outcome: OutcomeOK}
@@ -343,7 +341,7 @@ func (r *run) runInProcess(ctx context.Context, resAddr string) (err error) {
 				e.Outcome, e.Err = OutcomeFail, errs[i].Error()
 			}
 			r.coord.log(e)
-		}()
+		})
 	}
 	sleep(ctx, r.cfg.Duration)
 	r.coord.log(Event{Op: OpChaos, InvokeNs: start, CompleteNs: monoNow(), Outcome: OutcomeOK})

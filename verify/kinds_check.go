@@ -113,12 +113,7 @@ func (l *lease) describe() string {
 func conflictOverlaps(leases []*lease, conflict func(a, b *lease) bool) ([]Overlap, string) {
 	var out []Overlap
 	example := ""
-	var active []*lease
-	for _, l := range leases { // by GrantedNs
-		active = slices.DeleteFunc(active, func(a *lease) bool { return a.LiveNs <= l.GrantedNs })
-		if l.LiveNs <= l.GrantedNs {
-			continue
-		}
+	sweepLive(leases, func(l *lease, active []*lease) {
 		for _, a := range active {
 			if a.Owner != l.Owner && conflict(a, l) {
 				o := Overlap{A: a.LeaseRef, B: l.LeaseRef, FromNs: l.GrantedNs, UntilNs: min(a.LiveNs, l.LiveNs)}
@@ -129,9 +124,23 @@ func conflictOverlaps(leases []*lease, conflict func(a, b *lease) bool) ([]Overl
 				out = append(out, o)
 			}
 		}
+	})
+	return out, example
+}
+
+// sweepLive calls visit, in order, for each lease (sorted by GrantedNs)
+// that was certainly live for some time, with the leases granted before it
+// that were still certainly live when it was granted.
+func sweepLive(leases []*lease, visit func(l *lease, active []*lease)) {
+	var active []*lease
+	for _, l := range leases { // by GrantedNs
+		active = slices.DeleteFunc(active, func(a *lease) bool { return a.LiveNs <= l.GrantedNs })
+		if l.LiveNs <= l.GrantedNs {
+			continue
+		}
+		visit(l, active)
 		active = append(active, l)
 	}
-	return out, example
 }
 
 // permitOverlaps finds permits granted while n permits of other owners
@@ -143,12 +152,7 @@ func permitOverlaps(leases []*lease, n int) ([]Overlap, int, string) {
 	var out []Overlap
 	most := 0
 	example := ""
-	var active []*lease
-	for _, l := range leases { // by GrantedNs
-		active = slices.DeleteFunc(active, func(a *lease) bool { return a.LiveNs <= l.GrantedNs })
-		if l.LiveNs <= l.GrantedNs {
-			continue
-		}
+	sweepLive(leases, func(l *lease, active []*lease) {
 		others := slices.DeleteFunc(slices.Clone(active), func(a *lease) bool { return a.Owner == l.Owner })
 		most = max(most, len(others)+1)
 		if len(others) >= n && n > 0 {
@@ -160,8 +164,7 @@ func permitOverlaps(leases []*lease, n int) ([]Overlap, int, string) {
 			}
 			out = append(out, o)
 		}
-		active = append(active, l)
-	}
+	})
 	return out, most, example
 }
 

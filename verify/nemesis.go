@@ -247,42 +247,37 @@ func (r *run) killHolder(ctx context.Context, p plan, resAddr string) error {
 // p.length, with or without its data.
 func (r *run) restartServer(ctx context.Context, p plan) error {
 	n := r.servers.nodes[p.node]
-	addr := r.servers.nodeAddr(p.node)
-	h := r.currentHolder()
-	start := monoNow()
-	if err := n.Kill(); err != nil {
-		return fmt.Errorf("verify: kill lock server %s: %w", addr, err)
-	}
-	sleep(ctx, p.length)
-	if err := n.Restart(); err != nil {
-		return fmt.Errorf("verify: restart lock server %s: %w", addr, err)
-	}
 	persist := "without"
 	if p.kind == FaultRestartPersist || r.cfg.url.scheme == "etcd" || r.cfg.url.scheme == "zk" || r.cfg.url.scheme == "postgres" {
 		persist = "with"
 	}
-	r.window(Event{Op: p.kind, InvokeNs: start, Outcome: OutcomeOK, Target: "server " + addr, Owner: h.owner, Fence: h.fence,
-		Value: int64(p.length), Nodes: len(r.servers.nodes),
-		Detail: fmt.Sprintf("SIGKILL, down %v, restarted %s persistence", p.length.Round(time.Millisecond), persist)})
-	return nil
+	return r.serverOutage(ctx, p, "kill", n.Kill, "restart", n.Restart,
+		fmt.Sprintf("SIGKILL, down %v, restarted %s persistence", p.length.Round(time.Millisecond), persist))
 }
 
 // pauseServer stops lock server node p.node (SIGSTOP) for p.length.
 func (r *run) pauseServer(ctx context.Context, p plan) error {
 	n := r.servers.nodes[p.node]
+	return r.serverOutage(ctx, p, "pause", n.Pause, "resume", n.Resume,
+		fmt.Sprintf("SIGSTOP for %v (%.2f × TTL)", p.length.Round(time.Millisecond), float64(p.length)/float64(r.cfg.TTL)))
+}
+
+// serverOutage takes lock server node p.node down with down (named
+// downVerb in errors), brings it back with up (upVerb) after p.length, and
+// records the fault's window with detail.
+func (r *run) serverOutage(ctx context.Context, p plan, downVerb string, down func() error, upVerb string, up func() error, detail string) error {
 	addr := r.servers.nodeAddr(p.node)
 	h := r.currentHolder()
 	start := monoNow()
-	if err := n.Pause(); err != nil {
-		return fmt.Errorf("verify: pause lock server %s: %w", addr, err)
+	if err := down(); err != nil {
+		return fmt.Errorf("verify: %s lock server %s: %w", downVerb, addr, err)
 	}
 	sleep(ctx, p.length)
-	if err := n.Resume(); err != nil {
-		return fmt.Errorf("verify: resume lock server %s: %w", addr, err)
+	if err := up(); err != nil {
+		return fmt.Errorf("verify: %s lock server %s: %w", upVerb, addr, err)
 	}
 	r.window(Event{Op: p.kind, InvokeNs: start, Outcome: OutcomeOK, Target: "server " + addr, Owner: h.owner, Fence: h.fence,
-		Value: int64(p.length), Nodes: len(r.servers.nodes),
-		Detail: fmt.Sprintf("SIGSTOP for %v (%.2f × TTL)", p.length.Round(time.Millisecond), float64(p.length)/float64(r.cfg.TTL))})
+		Value: int64(p.length), Nodes: len(r.servers.nodes), Detail: detail})
 	return nil
 }
 

@@ -77,26 +77,7 @@ func TestPostgres(t *testing.T) {
 			if got := len(rep.Runs); got != 1 {
 				t.Fatalf("got %d runs, want 1", got)
 			}
-			run := rep.Runs[0]
-			f := run.Findings
-			if n := len(f.LeaseOverlaps); n != 0 {
-				t.Errorf("got %d lease overlaps, want 0: %+v", n, f.LeaseOverlaps[0])
-			}
-			if n := len(f.FenceRegressions); n != 0 {
-				t.Errorf("got %d fence regressions, want 0: %+v", n, f.FenceRegressions[0])
-			}
-			if f.Fenced == nil || f.Naive == nil {
-				t.Fatalf("got fenced %v, naive %v findings, want both", f.Fenced, f.Naive)
-			}
-			if f.Fenced.StaleAccepted != 0 || f.Fenced.LostUpdates != 0 {
-				t.Errorf("fenced register: got %d stale writes accepted, %d lost updates, want 0 and 0", f.Fenced.StaleAccepted, f.Fenced.LostUpdates)
-			}
-			if f.Naive.LostUpdates == 0 && f.Naive.StaleAccepted == 0 {
-				t.Errorf("naive register: got no lost updates and no stale writes under pauses, want violations")
-			}
-			if got := run.Verdict(); got != "PASS" {
-				t.Errorf("got verdict %s (violations %q, invalid %q), want PASS", got, f.Violations(), f.Invalid)
-			}
+			assertPausesCaught(t, rep.Runs[0])
 		})
 	}
 }

@@ -37,28 +37,23 @@ func openReplicated(raw string) (dlock.Backend, func() error, error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	// The same client settings for both topologies: the cluster's seed
+	// nodes or the sentinels are Addrs.
+	o := &redis.UniversalOptions{
+		Addrs:                 strings.Split(hosts, ","),
+		MasterName:            master,
+		ContextTimeoutEnabled: true,
+		DialTimeout:           time.Second,
+		ReadTimeout:           time.Second,
+		WriteTimeout:          time.Second,
+		MaxRetries:            -1,
+		PoolSize:              4,
+	}
 	var rdb redis.UniversalClient
 	if scheme == "redis+cluster" {
-		rdb = redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs:                 strings.Split(hosts, ","),
-			ContextTimeoutEnabled: true,
-			DialTimeout:           time.Second,
-			ReadTimeout:           time.Second,
-			WriteTimeout:          time.Second,
-			MaxRetries:            -1,
-			PoolSize:              4,
-		})
+		rdb = redis.NewClusterClient(o.Cluster())
 	} else {
-		rdb = redis.NewFailoverClient(&redis.FailoverOptions{
-			MasterName:            master,
-			SentinelAddrs:         strings.Split(hosts, ","),
-			ContextTimeoutEnabled: true,
-			DialTimeout:           time.Second,
-			ReadTimeout:           time.Second,
-			WriteTimeout:          time.Second,
-			MaxRetries:            -1,
-			PoolSize:              4,
-		})
+		rdb = redis.NewFailoverClient(o.Failover())
 	}
 	var opts []redislock.Option
 	if n := q.Get("replicas"); n != "" {

@@ -31,6 +31,18 @@ func shortConfig(t *testing.T, fault string) verify.Config {
 	return cfg
 }
 
+// inProcessConfig is a run without faults of workers goroutines of the
+// test process on backend url, for d with leases of ttl, into outDir.
+func inProcessConfig(t *testing.T, url, name string, d, ttl time.Duration, workers int) verify.Config {
+	cfg := verify.DefaultConfig()
+	cfg.BackendURL, cfg.Name = url, name
+	cfg.InProcess = true
+	cfg.Faults = []string{verify.FaultNone}
+	cfg.Duration, cfg.TTL, cfg.Workers = d, ttl, workers
+	cfg.OutDir = outDir(t)
+	return cfg
+}
+
 // outDir is a temporary directory, or $DLOCK_VERIFY_KEEP to keep the
 // histories and timelines for a look.
 func outDir(t *testing.T) string {
@@ -54,16 +66,26 @@ func runOne(t *testing.T, cfg verify.Config) *verify.RunResult {
 	return rep.Runs[0]
 }
 
-// The acceptance test of make test: single-node Redis under process
-// pauses keeps its server-side promises (no lease overlap, fences only go
-// up, the fenced register accepts no stale write and loses nothing),
-// while the naive register — the negative control — loses updates.
-func TestPauseRedislock(t *testing.T) {
-	run := runOne(t, shortConfig(t, verify.FaultPause))
+// assertPassed asserts that run's verdict is PASS and that it made at
+// least grants grants.
+func assertPassed(t *testing.T, run *verify.RunResult, grants int) {
+	t.Helper()
 	f := run.Findings
-	if f.Grants < 10 {
-		t.Errorf("got %d grants, want at least 10", f.Grants)
+	if got := run.Verdict(); got != "PASS" {
+		t.Errorf("got verdict %s (violations %q, invalid %q), want PASS", got, f.Violations(), f.Invalid)
 	}
+	if f.Grants < grants {
+		t.Errorf("got %d grants, want at least %d", f.Grants, grants)
+	}
+}
+
+// assertPausesCaught asserts what a run under holder pauses must show: no
+// lease overlap, fences only going up, a fenced register that accepted no
+// stale write and lost nothing, a naive register (the negative control)
+// that saw what the fence prevented, and the verdict PASS.
+func assertPausesCaught(t *testing.T, run *verify.RunResult) {
+	t.Helper()
+	f := run.Findings
 	if n := len(f.LeaseOverlaps); n != 0 {
 		t.Errorf("got %d lease overlaps, want 0: %+v", n, f.LeaseOverlaps[0])
 	}
@@ -76,15 +98,30 @@ func TestPauseRedislock(t *testing.T) {
 	if f.Fenced.StaleAccepted != 0 || f.Fenced.LostUpdates != 0 {
 		t.Errorf("fenced register: got %d stale writes accepted, %d lost updates, want 0 and 0", f.Fenced.StaleAccepted, f.Fenced.LostUpdates)
 	}
+	if f.Naive.LostUpdates == 0 && f.Naive.StaleAccepted == 0 {
+		t.Errorf("naive register: got no lost updates and no stale writes under pauses, want violations")
+	}
+	if got := run.Verdict(); got != "PASS" {
+		t.Errorf("got verdict %s (violations %q, invalid %q), want PASS", got, f.Violations(), f.Invalid)
+	}
+}
+
+// The acceptance test of make test: single-node Redis under process
+// pauses keeps its server-side promises (no lease overlap, fences only go
+// up, the fenced register accepts no stale write and loses nothing),
+// while the naive register — the negative control — loses updates.
+func TestPauseRedislock(t *testing.T) {
+	run := runOne(t, shortConfig(t, verify.FaultPause))
+	f := run.Findings
+	if f.Grants < 10 {
+		t.Errorf("got %d grants, want at least 10", f.Grants)
+	}
+	assertPausesCaught(t, run)
 	if f.Fenced.Linearizable != "Ok" {
 		t.Errorf("fenced register: got linearizability %q, want Ok", f.Fenced.Linearizable)
 	}
 	if f.Fenced.WritesStale == 0 && f.Fenced.ReadsRejected == 0 {
 		t.Errorf("fenced register rejected nothing: the pauses never made a holder stale")
-	}
-	// The negative control must see what the fence prevented.
-	if f.Naive.LostUpdates == 0 && f.Naive.StaleAccepted == 0 {
-		t.Errorf("naive register: got no lost updates and no stale writes under pauses, want violations")
 	}
 	if f.Naive.LostUpdates > 0 && f.Naive.Linearizable == "Ok" {
 		t.Errorf("naive register lost %d updates but porcupine found its history linearizable", f.Naive.LostUpdates)
@@ -97,9 +134,6 @@ func TestPauseRedislock(t *testing.T) {
 	}
 	if len(f.Liveness) == 0 {
 		t.Errorf("got no liveness samples, want one per effective pause")
-	}
-	if got := run.Verdict(); got != "PASS" {
-		t.Errorf("got verdict %s (violations %q, invalid %q), want PASS", got, f.Violations(), f.Invalid)
 	}
 	for _, x := range []*verify.ResourceFindings{f.Fenced, f.Naive} {
 		if _, err := os.Stat(x.Visualization); err != nil {
@@ -195,23 +229,9 @@ func TestBadInput(t *testing.T) {
 // of CPU past the TTL (a natural pause): the fence then rejects the stale
 // write, and the check must still pass.
 func TestInProcessMemlock(t *testing.T) {
-	cfg := verify.DefaultConfig()
-	cfg.BackendURL = "mem://"
-	cfg.Name = "memlock"
-	cfg.InProcess = true
-	cfg.Faults = []string{verify.FaultNone}
-	cfg.Duration = 2 * time.Second
-	cfg.TTL = 200 * time.Millisecond
-	cfg.Workers = 4
-	cfg.OutDir = outDir(t)
-	run := runOne(t, cfg)
+	run := runOne(t, inProcessConfig(t, "mem://", "memlock", 2*time.Second, 200*time.Millisecond, 4))
 	f := run.Findings
-	if got := run.Verdict(); got != "PASS" {
-		t.Errorf("got verdict %s (violations %q, invalid %q), want PASS", got, f.Violations(), f.Invalid)
-	}
-	if f.Grants < 10 {
-		t.Errorf("got %d grants, want at least 10", f.Grants)
-	}
+	assertPassed(t, run, 10)
 	if len(f.LeaseOverlaps) != 0 || len(f.FenceRegressions) != 0 || f.Fenced.Linearizable != "Ok" {
 		t.Errorf("got %d lease overlaps, %d fence regressions, fenced %q; want 0, 0, Ok",
 			len(f.LeaseOverlaps), len(f.FenceRegressions), f.Fenced.Linearizable)
@@ -248,16 +268,7 @@ func TestFaults(t *testing.T) {
 // naive register loses updates, and the fence still protects the fenced
 // register.
 func TestBrokenLockIsCaught(t *testing.T) {
-	cfg := verify.DefaultConfig()
-	cfg.BackendURL = "broken://"
-	cfg.Name = "broken"
-	cfg.InProcess = true
-	cfg.Faults = []string{verify.FaultNone}
-	cfg.Duration = time.Second
-	cfg.TTL = 100 * time.Millisecond
-	cfg.Workers = 3
-	cfg.OutDir = t.TempDir()
-	run := runOne(t, cfg)
+	run := runOne(t, inProcessConfig(t, "broken://", "broken", time.Second, 100*time.Millisecond, 3))
 	f := run.Findings
 	if got := run.Verdict(); got != "FAIL" {
 		t.Errorf("got verdict %s, want FAIL", got)
@@ -298,13 +309,7 @@ func TestCancel(t *testing.T) {
 // ReadReport reads back the runs of separate calls of Run: the same rows
 // as merging their Reports, in a stable order.
 func TestReadReport(t *testing.T) {
-	cfg := verify.DefaultConfig()
-	cfg.BackendURL = "mem://"
-	cfg.InProcess = true
-	cfg.Faults = []string{verify.FaultNone}
-	cfg.Duration = 500 * time.Millisecond
-	cfg.TTL = 50 * time.Millisecond
-	cfg.Workers = 2
+	cfg := inProcessConfig(t, "mem://", "", 500*time.Millisecond, 50*time.Millisecond, 2)
 	var reps []*verify.Report
 	var dirs []string
 	for i, name := range []string{"mem-b", "mem-a"} {
@@ -349,12 +354,7 @@ func TestFIFORedislock(t *testing.T) {
 	cfg.FIFO = true
 	run := runOne(t, cfg)
 	f := run.Findings
-	if got := run.Verdict(); got != "PASS" {
-		t.Errorf("got verdict %s (violations %q, invalid %q), want PASS", got, f.Violations(), f.Invalid)
-	}
-	if f.Grants < 10 {
-		t.Errorf("got %d grants, want at least 10", f.Grants)
-	}
+	assertPassed(t, run, 10)
 	if len(f.LeaseOverlaps) != 0 || len(f.FenceRegressions) != 0 || f.Fenced.StaleAccepted != 0 || f.Fenced.LostUpdates != 0 {
 		t.Errorf("got %d lease overlaps, %d fence regressions, %d stale writes accepted, %d updates lost; want 0 each",
 			len(f.LeaseOverlaps), len(f.FenceRegressions), f.Fenced.StaleAccepted, f.Fenced.LostUpdates)
