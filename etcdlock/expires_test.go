@@ -50,8 +50,9 @@ func TestTryAcquireCoversExpires(t *testing.T) {
 			} else {
 				defer first.Release(ctx)
 			}
-			// Well inside the reuse window (long/10), well outside the
-			// check's precision (a whole second).
+			// What is tested is time passing since the renewal, with
+			// nothing to await: well inside the reuse window (long/10),
+			// well outside the check's precision (a whole second).
 			time.Sleep(1200 * time.Millisecond)
 
 			start := time.Now()

@@ -97,3 +97,11 @@ func Orphans(b *Backend) int {
 	defer b.mu.Unlock()
 	return len(b.orphans.byName)
 }
+
+// SweepsExpired returns how many rounds of b's background sweep ran out
+// of time with orphans left (the server did not answer).
+func SweepsExpired(b *Backend) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.orphans.expired
+}

@@ -3,46 +3,60 @@ package etcdlock_test
 import (
 	"context"
 	"errors"
+	"os"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/etcdlock"
 	"github.com/dlock-go/dlock/internal/locktest"
 	"github.com/dlock-go/dlock/internal/testserver"
 )
+
+// holderEndpoints names the holder process's etcd endpoints, joined with
+// ",", in its environment.
+const holderEndpoints = "ETCDLOCK_TEST_ENDPOINTS"
+
+// TestHolderProcess is not a test: it runs only in a holder process
+// started by locktest.StartHolder, where it takes the hold asked for with
+// TTL ttl and keeps it (renewed by the watchdog) until it is killed.
+func TestHolderProcess(t *testing.T) {
+	if !locktest.InHolderProcess() {
+		t.Skip("holder process only")
+	}
+	cli := newCli(t, strings.Split(os.Getenv(holderEndpoints), ","))
+	locktest.RunHolder(t, dlock.New(etcdlock.New(cli), dlock.WithTTL(ttl)))
+}
+
+// killHolder runs locktest.KillHolder for a hold of kind on the shared
+// server, taken by a process with TTL ttl: the waiter (TTL 10s, as the
+// Client rejects a queue wait longer than the waiter's TTL) must be
+// granted within ttl + 1s of the kill.
+func killHolder(t *testing.T, kind dlock.Kind, waitOpts ...dlock.Option) {
+	key := locktest.Key(t)
+	cli := newCli(t, srv.Endpoints())
+	c, _ := newClient(t, srv.Endpoints(), dlock.WithTTL(10*time.Second))
+	locktest.KillHolder(t, locktest.HolderKill{
+		Key:      key,
+		Kind:     kind,
+		Env:      []string{holderEndpoints + "=" + strings.Join(srv.Endpoints(), ",")},
+		Bound:    ttl,
+		Waiter:   c,
+		WaitOpts: waitOpts,
+		Queued:   func(t testing.TB) { queued(t, cli, key, 2) },
+	})
+}
 
 // TestHolderKilled: the holder is a process killed with SIGKILL (no
 // release, no revocation); the next waiter must get the lock within the
 // lease TTL + 1 s of the kill.
 func TestHolderKilled(t *testing.T) {
 	if testing.Short() {
-		t.Skip("starts a helper process")
+		t.Skip("starts a holder process")
 	}
-	key := locktest.Key(t)
-	cmd, fence := startHolder(t, srv.Endpoints(), key)
-	cli := newCli(t, srv.Endpoints())
-	// The waiter's own TTL is irrelevant here; it is long because the
-	// Client rejects a queue wait longer than the waiter's TTL (it measures
-	// the grant's validity from the start of Wait).
-	c, _ := newClient(t, srv.Endpoints(), dlock.WithTTL(10*time.Second))
-	wait := locktest.Go(func() (*dlock.Lease, error) { return c.Acquire(locktest.Ctx(t, 30*time.Second), key) })
-	locktest.WaitFor(t, 10*time.Second, "waiter queued behind the helper", func() bool { return entries(t, cli, key) == 2 })
-	if err := cmd.Process.Kill(); err != nil { // SIGKILL, by PID
-		t.Fatalf("kill helper %d: %v", cmd.Process.Pid, err)
-	}
-	killed := time.Now()
-	cmd.Wait()
-	l := locktest.Granted(t, wait, ttl+5*time.Second)
-	took := time.Since(killed)
-	t.Logf("waiter acquired %v after SIGKILL of the holder (TTL %v)", took, ttl)
-	if took > ttl+time.Second {
-		t.Errorf("waiter acquired %v after the kill, want within TTL + 1s = %v", took, ttl+time.Second)
-	}
-	if l.Fence() <= fence {
-		t.Errorf("fence after takeover: got %d, want > %d", l.Fence(), fence)
-	}
-	l.Release(context.Background())
+	killHolder(t, dlock.KindLock)
 }
 
 // TestLeaderKilledDuringHold: in a 3-member cluster the leader is killed

@@ -12,34 +12,12 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
-	"google.golang.org/grpc"
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/dlocktest"
 	"github.com/dlock-go/dlock/etcdlock"
 	"github.com/dlock-go/dlock/internal/locktest"
 )
-
-// rpcCounter counts the requests an etcd client sends: unary calls and
-// messages sent on streams (keep-alives, watch requests), by method.
-type rpcCounter struct {
-	mu sync.Mutex
-	n  map[string]int
-}
-
-func (c *rpcCounter) add(method string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.n[method[strings.LastIndexByte(method, '/')+1:]]++
-}
-
-// snapshot returns the counts so far.
-func (c *rpcCounter) snapshot() map[string]int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return maps.Clone(c.n)
-}
 
 // kv returns the number of KV requests (Range, Txn, Put, DeleteRange) in
 // the counts m.
@@ -56,49 +34,6 @@ func settled(t *testing.T, counters []*rpcCounter) []int {
 		}
 		return n
 	}, slices.Equal[[]int])
-}
-
-type sendCountingStream struct {
-	grpc.ClientStream
-	c      *rpcCounter
-	method string
-}
-
-func (s sendCountingStream) SendMsg(m any) error {
-	s.c.add(s.method)
-	return s.ClientStream.SendMsg(m)
-}
-
-// newCountingClient returns a dlock Client on a new etcd connection whose
-// requests are counted, closed when the test ends.
-func newCountingClient(t *testing.T, opts ...dlock.Option) (*dlock.Client, *rpcCounter) {
-	t.Helper()
-	rc := &rpcCounter{n: make(map[string]int)}
-	cli, err := clientv3.New(clientv3.Config{
-		Endpoints:   srv.Endpoints(),
-		DialTimeout: 5 * time.Second,
-		Logger:      zap.NewNop(),
-		DialOptions: []grpc.DialOption{
-			grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-				rc.add(method)
-				return invoker(ctx, method, req, reply, cc, opts...)
-			}),
-			grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-				s, err := streamer(ctx, desc, cc, method, opts...)
-				if err != nil {
-					return nil, err
-				}
-				return sendCountingStream{ClientStream: s, c: rc, method: method}, nil
-			}),
-		},
-	})
-	if err != nil {
-		t.Fatalf("clientv3.New: %v", err)
-	}
-	t.Cleanup(func() { cli.Close() })
-	c := dlock.New(etcdlock.New(cli), append([]dlock.Option{dlock.WithTTL(ttl)}, opts...)...)
-	t.Cleanup(func() { c.Close() })
-	return c, rc
 }
 
 func describe(m map[string]int, ops int) string {
@@ -126,7 +61,7 @@ func TestKindRequests(t *testing.T) {
 	const ops = 200
 	for _, kind := range []string{"permit", "read", "lock"} {
 		t.Run(kind, func(t *testing.T) {
-			c, rc := newCountingClient(t)
+			rc, c, _ := newCountedClient(t)
 			key := dlocktest.Key(t)
 			ctx := locktest.Ctx(t, time.Minute)
 			acquire := func() (*dlock.Lease, error) {
@@ -176,7 +111,7 @@ func sum(m map[string]int) int {
 // waiter must queue with WithFIFO for the count to mean it queued: the
 // Client would otherwise try first, and a permit's failed try creates
 // and deletes an entry.
-func queued(t *testing.T, cli *clientv3.Client, key string, n int64) {
+func queued(t testing.TB, cli *clientv3.Client, key string, n int64) {
 	t.Helper()
 	locktest.WaitFor(t, 10*time.Second, fmt.Sprintf("%d entries under %s", n, key), func() bool { return entries(t, cli, key) == n })
 }
@@ -209,7 +144,7 @@ func TestPermitQueue(t *testing.T) {
 	got := make(chan result, waiters)
 	counters := make([]*rpcCounter, waiters)
 	for i := range waiters {
-		c, rc := newCountingClient(t)
+		rc, c, _ := newCountedClient(t)
 		counters[i] = rc
 		go func() {
 			l, err := c.Semaphore(key, n).Acquire(ctx, dlock.WithFIFO()) // straight to the queue: no try first
@@ -277,7 +212,7 @@ func TestReadWriteQueue(t *testing.T) {
 	rgot := make(chan result, 2)
 	var counters []*rpcCounter
 	for i := range 2 {
-		c, rc := newCountingClient(t)
+		rc, c, _ := newCountedClient(t)
 		counters = append(counters, rc)
 		go func() {
 			l, err := c.RWLock(key).RLock(ctx)
@@ -473,48 +408,8 @@ func TestElectionValue(t *testing.T) {
 // etcd's expiry check) of the kill: a permit waiter, or a writer waiting
 // behind the dead reader, gets the key.
 func TestKindDeadHolder(t *testing.T) {
-	for _, kind := range []string{"permit", "read"} {
-		t.Run(kind, func(t *testing.T) { testDeadHolder(t, kind) })
-	}
-}
-
-func testDeadHolder(t *testing.T, kind string) {
-	key := dlocktest.Key(t)
-	cmd, fence := startHolderKind(t, srv.Endpoints(), key, kind)
-	cli := newCli(t, srv.Endpoints())
-	c, _ := newClient(t, srv.Endpoints(), dlock.WithTTL(10*time.Second))
-	got := make(chan result, 1)
-	go func() {
-		var (
-			l   *dlock.Lease
-			err error
-		)
-		if kind == "permit" {
-			l, err = c.Semaphore(key, 1).Acquire(locktest.Ctx(t, 30*time.Second), dlock.WithFIFO())
-		} else {
-			l, err = c.RWLock(key).Lock(locktest.Ctx(t, 30*time.Second))
-		}
-		got <- result{0, l, err}
-	}()
-	queued(t, cli, key, 2)
-	if err := cmd.Process.Kill(); err != nil { // SIGKILL, by PID
-		t.Fatalf("kill helper %d: %v", cmd.Process.Pid, err)
-	}
-	killed := time.Now()
-	cmd.Wait()
-	r := <-got
-	if r.err != nil {
-		t.Fatalf("waiter: %v", r.err)
-	}
-	took := time.Since(killed)
-	t.Logf("%s hold returned %v after SIGKILL of its holder (TTL %v)", kind, took, ttl)
-	if took > ttl+time.Second {
-		t.Errorf("%s hold returned %v after the kill, want within TTL + 1s = %v", kind, took, ttl+time.Second)
-	}
-	if r.l.Fence() <= fence {
-		t.Errorf("fence after takeover: got %d, want > %d", r.l.Fence(), fence)
-	}
-	r.l.Release(context.Background())
+	t.Run("permit", func(t *testing.T) { killHolder(t, dlock.KindPermit, dlock.WithFIFO()) })
+	t.Run("read", func(t *testing.T) { killHolder(t, dlock.KindRead) })
 }
 
 // TestKindRequestsContended measures the etcd requests per acquire +
@@ -531,7 +426,7 @@ func TestKindRequestsContended(t *testing.T) {
 				counters []*rpcCounter
 			)
 			for range clients {
-				c, rc := newCountingClient(t)
+				rc, c, _ := newCountedClient(t)
 				cs, counters = append(cs, c), append(counters, rc)
 			}
 			var wg sync.WaitGroup
@@ -557,7 +452,7 @@ func TestKindRequestsContended(t *testing.T) {
 							t.Errorf("acquire: %v", err)
 							return
 						}
-						time.Sleep(time.Millisecond) // the holder's work
+						locktest.Work(l, time.Millisecond)
 						if err := l.Release(ctx); err != nil {
 							t.Errorf("release: %v", err)
 							return

@@ -25,17 +25,7 @@ func (b *Backend) waitKind(ctx context.Context, r dlock.Request, sec int64, star
 	w := &kindWaiter{b: b, r: r, name: b.claimKindName(r), sec: sec, start: start}
 	g, err := w.run(ctx)
 	if err != nil {
-		switch {
-		case w.claimed:
-			b.abandon(ctx, r.Key, w.name, w.rev, false)
-		case w.unknown != nil:
-			b.dropCreated(ctx, w.name, w.unknown, encodeValue(1, r.Token), 0)
-		}
-		b.unclaim(r, w.name)
-		if ctx.Err() != nil {
-			return dlock.Grant{}, ctx.Err()
-		}
-		return dlock.Grant{}, err
+		return dlock.Grant{}, b.waitFailed(ctx, r, w.name, &w.queued, err)
 	}
 	return g, nil
 }
@@ -47,11 +37,7 @@ type kindWaiter struct {
 	name  string
 	sec   int64
 	start time.Time
-
-	claimed bool        // the entry exists, created by us
-	unknown *leaseState // the last create had an unknown outcome, with this lease
-	rev     int64       // the entry's create revision
-	ls      *leaseState // the entry's lease
+	queued
 }
 
 // errRecheck asks run to read the entry's position again.

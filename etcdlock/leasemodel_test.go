@@ -186,10 +186,7 @@ func awaitFreeWhileRenewing(t *testing.T, b *etcdlock.Backend, key string, ro dl
 	intruder := dlock.Request{Key: key, Token: "intruder", TTL: ttl}
 	o, cli := newBackend(t)
 	deadline := since.Add(4 * ttl)
-	for {
-		if err := b.Refresh(locktest.Ctx(t, 5*time.Second), ro); err != nil {
-			t.Fatalf("Refresh of the other lock: %v", err)
-		}
+	renewUntil(t, b, ro, ttl/6, func() bool { // at twice a watchdog's rate
 		gi, err := o.TryAcquire(locktest.Ctx(t, 5*time.Second), intruder)
 		if err != nil {
 			t.Fatalf("TryAcquire by another owner: %v", err)
@@ -200,13 +197,31 @@ func awaitFreeWhileRenewing(t *testing.T, b *etcdlock.Backend, key string, ro dl
 			if err := o.Release(locktest.Ctx(t, 5*time.Second), intruder); err != nil {
 				t.Fatalf("Release by the other owner: %v", err)
 			}
-			return
+			return true
 		}
 		if time.Now().After(deadline) {
 			resp, _ := cli.Get(locktest.Ctx(t, 5*time.Second), b.LockKey(key, "owner-"+key))
 			t.Fatalf("lock still held (%v) %v after the owner's last release while the Backend renews another lock; want free within about one TTL (%v)", resp.Kvs, 4*ttl, ttl)
 		}
-		time.Sleep(ttl / 6) // renewing as a watchdog would, at twice its rate
+		return false
+	})
+}
+
+// renewUntil refreshes r through b every period, as a watchdog would,
+// until done, called after each renewal, returns true. It fails the test
+// if a Refresh fails.
+func renewUntil(t *testing.T, b *etcdlock.Backend, r dlock.Request, period time.Duration, done func() bool) {
+	t.Helper()
+	tick := time.NewTicker(period)
+	defer tick.Stop()
+	for {
+		if err := b.Refresh(locktest.Ctx(t, 5*time.Second), r); err != nil {
+			t.Fatalf("Refresh of %q: %v", r.Key, err)
+		}
+		if done() {
+			return
+		}
+		<-tick.C
 	}
 }
 

@@ -20,8 +20,8 @@ import (
 var srv *testserver.Etcd
 
 func TestMain(m *testing.M) {
-	if os.Getenv(helperEnv) != "" {
-		// A helper process (see TestHelperProcess): no server of its own.
+	if locktest.InHolderProcess() {
+		// A holder process (see TestHolderProcess): no server of its own.
 		os.Exit(m.Run())
 	}
 	var err error

@@ -17,6 +17,7 @@ type orphanSet struct {
 	byName   map[string]orphan   // by etcd key
 	busy     map[string]struct{} // being removed right now
 	sweeping bool                // sweepLoop runs
+	expired  int                 // sweepLoop rounds that ran out of cleanupTimeout
 }
 
 // orphan is a claim on an entry the Backend no longer tracks but could
@@ -132,8 +133,12 @@ func (b *Backend) sweepLoop() {
 	for {
 		ctx, cancel := context.WithTimeout(b.ctx, cleanupTimeout)
 		progress := b.removeOrphans(ctx, "")
+		expired := errors.Is(ctx.Err(), context.DeadlineExceeded)
 		cancel()
 		b.mu.Lock()
+		if expired {
+			b.orphans.expired++
+		}
 		if b.closed || len(b.orphans.byName) == 0 {
 			b.orphans.sweeping = false
 			b.mu.Unlock()

@@ -101,10 +101,7 @@ func TestPrefixWatchReportsDeletedKey(t *testing.T) {
 	etcdlock.SetLossWatchDelay(b, time.Hour)
 	n := etcdlock.PrefixWatchMin() + 16
 	leases := holdMany(t, c, n)
-	locktest.WaitFor(t, 5*time.Second, "the prefix watch, and no watch per lock", func() bool {
-		prefix, own, _ := etcdlock.WatchState(b)
-		return prefix && own == 0
-	})
+	awaitPrefixWatch(t, b, "the prefix watch, and no watch per lock", 0)
 	victim := leases[n/2]
 	deleteKey(t, b, victim)
 	lostWithin(t, victim, 5*time.Second)
@@ -145,10 +142,7 @@ func TestPrefixWatchIgnoresOthersAndOwnReleases(t *testing.T) {
 		t.Fatal("prefix watch with 2 locks held, want a watch per lock")
 	}
 	leases := holdMany(t, c, etcdlock.PrefixWatchMin())
-	locktest.WaitFor(t, 5*time.Second, "the prefix watch", func() bool {
-		prefix, _, _ := etcdlock.WatchState(b)
-		return prefix
-	})
+	awaitPrefixWatch(t, b, "the prefix watch", -1)
 	// A deletion after all that: once it is reported, the watch has
 	// delivered the earlier ones too (events come in revision order).
 	victim := leases[1]
@@ -190,10 +184,7 @@ func TestPrefixWatchKeepsRunningOwnWatches(t *testing.T) {
 func TestPrefixWatchBackToPerLockWatches(t *testing.T) {
 	c, b := newClient(t, srv.Endpoints())
 	leases := holdMany(t, c, etcdlock.PrefixWatchMin()+16)
-	locktest.WaitFor(t, 5*time.Second, "the prefix watch", func() bool {
-		prefix, _, _ := etcdlock.WatchState(b)
-		return prefix
-	})
+	awaitPrefixWatch(t, b, "the prefix watch", -1)
 	keep := 4
 	ctx := locktest.Ctx(t, 20*time.Second)
 	for _, l := range leases[keep:] {
@@ -216,20 +207,14 @@ func TestPrefixWatchBackToPerLockWatches(t *testing.T) {
 func TestPrefixWatchRestarted(t *testing.T) {
 	c, b := newClient(t, srv.Endpoints())
 	leases := holdMany(t, c, etcdlock.PrefixWatchMin()+16)
-	locktest.WaitFor(t, 5*time.Second, "the prefix watch", func() bool {
-		prefix, _, _ := etcdlock.WatchState(b)
-		return prefix
-	})
+	awaitPrefixWatch(t, b, "the prefix watch", -1)
 	if !etcdlock.EndPrefixWatch(b) {
 		t.Fatal("EndPrefixWatch: got no prefix watch, want one")
 	}
 	first := leases[3]
 	deleteKey(t, b, first)
 	lostWithin(t, first, 5*time.Second)
-	locktest.WaitFor(t, 5*time.Second, "a new prefix watch", func() bool {
-		prefix, _, _ := etcdlock.WatchState(b)
-		return prefix
-	})
+	awaitPrefixWatch(t, b, "a new prefix watch", -1)
 	second := leases[7]
 	deleteKey(t, b, second)
 	lostWithin(t, second, 5*time.Second)
@@ -246,11 +231,18 @@ func TestManyHeldGoroutines(t *testing.T) {
 	before := runtime.NumGoroutine()
 	n := 4 * etcdlock.PrefixWatchMin()
 	holdMany(t, c, n)
-	locktest.WaitFor(t, 5*time.Second, "the prefix watch, and no watch per lock", func() bool {
-		prefix, own, _ := etcdlock.WatchState(b)
-		return prefix && own == 0
-	})
+	awaitPrefixWatch(t, b, "the prefix watch, and no watch per lock", 0)
 	if got, limit := runtime.NumGoroutine()-before, 16; got > limit {
 		t.Fatalf("holding %d more locks: got %d more goroutines, want at most %d", n, got, limit)
 	}
+}
+
+// awaitPrefixWatch waits until b watches its whole prefix and, unless own
+// is negative, own of its held locks have a watch of their own.
+func awaitPrefixWatch(t *testing.T, b *etcdlock.Backend, what string, own int) {
+	t.Helper()
+	locktest.WaitFor(t, 5*time.Second, what, func() bool {
+		prefix, n, _ := etcdlock.WatchState(b)
+		return prefix && (own < 0 || n == own)
+	})
 }

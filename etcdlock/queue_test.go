@@ -3,7 +3,7 @@ package etcdlock_test
 import (
 	"context"
 	"fmt"
-	"sync"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,60 +18,70 @@ import (
 	"github.com/dlock-go/dlock/internal/locktest"
 )
 
-// callCounter counts the unary gRPC calls of an etcd client, by method,
-// and the watches the server confirmed created and cancelled.
-type callCounter struct {
-	mu       sync.Mutex
-	calls    map[string]int
+// rpcCounter counts the requests an etcd client sends, by method name
+// (the part after the last "/"): unary calls, and messages sent on
+// streams (keep-alives, watch requests); and the watches the server
+// confirmed created and cancelled.
+type rpcCounter struct {
+	calls    locktest.Counts[string] // unary calls
+	sends    locktest.Counts[string] // stream messages
 	created  atomic.Int32
 	canceled atomic.Int32
 }
 
-// newCountedCli returns an etcd client whose calls and watches are
-// counted, closed when the test ends.
-func newCountedCli(t testing.TB) (*callCounter, *clientv3.Client) {
+// newCountedClient returns a dlock Client (TTL ttl unless opts say
+// otherwise) on an etcdlock Backend over a new etcd connection whose
+// requests are counted, closed when the test ends, the counter of that
+// connection's requests and the Backend.
+func newCountedClient(t testing.TB, opts ...dlock.Option) (*rpcCounter, *dlock.Client, *etcdlock.Backend) {
 	t.Helper()
-	counter := &callCounter{calls: make(map[string]int)}
+	rc := &rpcCounter{}
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints:   srv.Endpoints(),
 		DialTimeout: 5 * time.Second,
 		Logger:      zap.NewNop(),
 		DialOptions: []grpc.DialOption{
-			grpc.WithChainUnaryInterceptor(counter.intercept),
-			grpc.WithChainStreamInterceptor(counter.stream),
+			grpc.WithChainUnaryInterceptor(rc.intercept),
+			grpc.WithChainStreamInterceptor(rc.stream),
 		},
 	})
 	if err != nil {
 		t.Fatalf("clientv3.New: %v", err)
 	}
 	t.Cleanup(func() { cli.Close() })
-	return counter, cli
-}
-
-// newCountedClient returns a dlock.Client (TTL 10s) on an etcdlock Backend
-// over a newCountedCli connection, closed when the test ends, the counter
-// of that connection's calls and the Backend.
-func newCountedClient(t testing.TB) (*callCounter, *dlock.Client, *etcdlock.Backend) {
-	t.Helper()
-	counter, cli := newCountedCli(t)
 	b := etcdlock.New(cli)
-	c := dlock.New(b, dlock.WithTTL(10*time.Second))
+	c := dlock.New(b, append([]dlock.Option{dlock.WithTTL(ttl)}, opts...)...)
 	t.Cleanup(func() { c.Close() })
-	return counter, c, b
+	return rc, c, b
 }
 
-func (c *callCounter) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+// methodName returns the name of a gRPC method: the part after the last "/".
+func methodName(method string) string { return method[strings.LastIndexByte(method, '/')+1:] }
+
+func (c *rpcCounter) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	c.calls.Add(methodName(method))
+	return invoker(ctx, method, req, reply, cc, opts...)
+}
+
+func (c *rpcCounter) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
 	s, err := streamer(ctx, desc, cc, method, opts...)
 	if err != nil {
 		return s, err
 	}
-	return &countingStream{ClientStream: s, c: c}, nil
+	return &countingStream{ClientStream: s, c: c, method: method}, nil
 }
 
-// countingStream counts the watch creations a stream receives.
+// countingStream counts the messages sent on a stream, and the watch
+// creations and cancellations it receives.
 type countingStream struct {
 	grpc.ClientStream
-	c *callCounter
+	c      *rpcCounter
+	method string
+}
+
+func (s *countingStream) SendMsg(m any) error {
+	s.c.sends.Add(methodName(s.method))
+	return s.ClientStream.SendMsg(m)
 }
 
 func (s *countingStream) RecvMsg(m any) error {
@@ -87,26 +97,14 @@ func (s *countingStream) RecvMsg(m any) error {
 	return err
 }
 
-func (c *callCounter) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-	c.mu.Lock()
-	c.calls[method]++
-	c.mu.Unlock()
-	return invoker(ctx, method, req, reply, cc, opts...)
-}
-
-// take returns the calls counted since the last take.
-func (c *callCounter) take() map[string]int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	calls := c.calls
-	c.calls = make(map[string]int)
-	return calls
-}
-
-func (c *callCounter) count(method string) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.calls[method]
+// snapshot returns every request counted so far: unary calls (since the
+// last calls.Take) and stream messages together.
+func (c *rpcCounter) snapshot() map[string]int {
+	m := c.sends.Snapshot()
+	for k, v := range c.calls.Snapshot() {
+		m[k] += v
+	}
+	return m
 }
 
 // TestThirdInLineGrantedWithoutRead checks the hand-off shortcut of a
@@ -115,24 +113,17 @@ func (c *callCounter) count(method string) int {
 // the head; the predecessor's release then grants it with no further
 // request.
 func TestThirdInLineGrantedWithoutRead(t *testing.T) {
-	const rangeCall = "/etcdserverpb.KV/Range"
+	const rangeCall = "Range"
 	key := locktest.Key(t)
 	cli := newCli(t, srv.Endpoints())
 	hc, _ := newClient(t, srv.Endpoints())
 	ctx := locktest.Ctx(t, time.Minute)
 	holder := locktest.MustAcquire(t, ctx, hc, key)
 	c1, _ := newClient(t, srv.Endpoints())
-	first := make(chan *dlock.Lease, 1)
-	go func() {
-		l, err := c1.Acquire(ctx, key)
-		if err != nil {
-			t.Errorf("first waiter: %v", err)
-		}
-		first <- l
-	}()
+	first := locktest.Go(func() (*dlock.Lease, error) { return c1.Acquire(ctx, key) })
 	locktest.WaitFor(t, 10*time.Second, "first waiter queued", func() bool { return entries(t, cli, key) == 2 })
 
-	counter, c2, _ := newCountedClient(t)
+	counter, c2, _ := newCountedClient(t, dlock.WithTTL(10*time.Second))
 	type result struct {
 		l     *dlock.Lease
 		calls map[string]int // calls from the first waiter's release on
@@ -141,24 +132,21 @@ func TestThirdInLineGrantedWithoutRead(t *testing.T) {
 	second := make(chan result, 1)
 	go func() {
 		l, err := c2.Acquire(ctx, key)
-		second <- result{l, counter.take(), err}
+		second <- result{l, counter.calls.Take(), err}
 	}()
 	// Queued third, it watches its predecessor and the holder's entry
 	// (and keeps its watch stream open with one more watch).
 	locktest.WaitFor(t, 10*time.Second, "the third waiter's watches", func() bool { return counter.created.Load() == 3 })
 
-	reads := counter.count(rangeCall)
+	reads := counter.calls.Get(rangeCall)
 	if err := holder.Release(ctx); err != nil {
 		t.Fatalf("Release holder: %v", err)
 	}
-	l1 := <-first
-	if l1 == nil {
-		t.FailNow()
-	}
+	l1 := locktest.Granted(t, first, time.Minute)
 	// The holder's entry is gone: the third waiter reads its position
 	// again (one Range).
-	locktest.WaitFor(t, 10*time.Second, "the third waiter's read", func() bool { return counter.count(rangeCall) > reads })
-	counter.take()
+	locktest.WaitFor(t, 10*time.Second, "the third waiter's read", func() bool { return counter.calls.Get(rangeCall) > reads })
+	counter.calls.Take()
 	if err := l1.Release(ctx); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
@@ -180,12 +168,12 @@ func TestThirdInLineGrantedWithoutRead(t *testing.T) {
 // has needed it for the linger time, while the one keeping the watch
 // stream open stays.
 func TestWaitReusesEntryWatches(t *testing.T) {
-	const rangeCall = "/etcdserverpb.KV/Range"
+	const rangeCall = "Range"
 	key := locktest.Key(t)
 	cli := newCli(t, srv.Endpoints())
 	hc, hb := newClient(t, srv.Endpoints())
 	etcdlock.SetEntryWatchLinger(hb, time.Minute)
-	counter, wc, wb := newCountedClient(t)
+	counter, wc, wb := newCountedClient(t, dlock.WithTTL(10*time.Second))
 	etcdlock.SetEntryWatchLinger(wb, time.Minute)
 	ctx := locktest.Ctx(t, time.Minute)
 	for round := range 2 {
@@ -194,7 +182,7 @@ func TestWaitReusesEntryWatches(t *testing.T) {
 			t.Fatalf("round %d: Acquire holder: %v", round, err)
 		}
 		created := counter.created.Load()
-		counter.take()
+		counter.calls.Take()
 		type result struct {
 			l   *dlock.Lease
 			err error
@@ -216,7 +204,7 @@ func TestWaitReusesEntryWatches(t *testing.T) {
 		if r.err != nil {
 			t.Fatalf("round %d: waiter: %v", round, r.err)
 		}
-		calls := counter.take()
+		calls := counter.calls.Take()
 		if err := r.l.Release(ctx); err != nil {
 			t.Fatalf("round %d: Release waiter: %v", round, err)
 		}
@@ -280,7 +268,7 @@ func TestIdleEntryWatchExpires(t *testing.T) {
 	cli := newCli(t, srv.Endpoints())
 	hc, hb := newClient(t, srv.Endpoints())
 	etcdlock.SetEntryWatchLinger(hb, 50*time.Millisecond)
-	counter, wc, wb := newCountedClient(t)
+	counter, wc, wb := newCountedClient(t, dlock.WithTTL(10*time.Second))
 	etcdlock.SetEntryWatchLinger(wb, 50*time.Millisecond)
 	ctx := locktest.Ctx(t, time.Minute)
 	holder := locktest.MustAcquire(t, ctx, hc, key)
@@ -333,23 +321,13 @@ func TestEntryKeyReused(t *testing.T) {
 		}
 	}
 	held := locktest.MustAcquire(t, ctx, c, key)
-	queued := make(chan *dlock.Lease, 1)
-	go func() {
-		l, err := c.Acquire(ctx, key)
-		if err != nil {
-			t.Errorf("second Acquire: %v", err)
-		}
-		queued <- l
-	}()
+	queued := locktest.Go(func() (*dlock.Lease, error) { return c.Acquire(ctx, key) })
 	cli := newCli(t, srv.Endpoints())
 	locktest.WaitFor(t, 10*time.Second, "second acquisition queued", func() bool { return entries(t, cli, key) == 2 })
 	if err := held.Release(ctx); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
-	l := <-queued
-	if l == nil {
-		t.FailNow()
-	}
+	l := locktest.Granted(t, queued, time.Minute)
 	if name := b.LockKey(l.Key(), l.Owner()); name == first {
 		t.Fatalf("etcd key of an acquisition queued behind a hold of the same Backend: got %s, want another than the hold's", name)
 	}

@@ -78,12 +78,7 @@ func TestSharedOwnerEntrySurvivesOtherBackend(t *testing.T) {
 			// b2 renews as its watchdog would, for longer than any lease
 			// involved, and must hold the lock throughout.
 			end := time.Now().Add(3*ttl + time.Second)
-			for time.Now().Before(end) {
-				if err := b2.Refresh(locktest.Ctx(t, 5*time.Second), r2); err != nil {
-					t.Fatalf("Refresh by the remaining holder: %v", err)
-				}
-				time.Sleep(r2.TTL / 3) // the watchdog's period
-			}
+			renewUntil(t, b2, r2, r2.TTL/3, func() bool { return !time.Now().Before(end) })
 			assertHeldBy(t, b2, cli, r2, g2, "after the other Backend's "+tc.name)
 		})
 	}

@@ -33,19 +33,36 @@ func (b *Backend) Wait(ctx context.Context, r dlock.Request) (dlock.Grant, error
 	w := &waiter{b: b, r: r, dir: dir, name: b.claimName(r), sec: sec, start: start}
 	g, err := w.run(ctx)
 	if err != nil {
-		switch {
-		case w.claimed:
-			b.abandon(ctx, r.Key, w.name, w.rev, r.Reentrant)
-		case w.unknown != nil:
-			b.dropCreated(ctx, w.name, w.unknown, entryValue(r), w.floor)
-		}
-		b.unclaim(r, w.name)
-		if ctx.Err() != nil {
-			return dlock.Grant{}, ctx.Err()
-		}
-		return dlock.Grant{}, err
+		return dlock.Grant{}, b.waitFailed(ctx, r, w.name, &w.queued, err)
 	}
 	return g, nil
+}
+
+// queued is what a wait knows of the entry it queued.
+type queued struct {
+	claimed bool        // the entry holds a claim of ours (created, or joined by a re-entry)
+	unknown *leaseState // the last create had an unknown outcome, with this lease
+	floor   int64       // ... and created nothing at or below this revision (0 for a kind)
+	rev     int64       // the entry's create revision
+	ls      *leaseState // the entry's lease
+}
+
+// waitFailed undoes what a wait for r on entry name left behind when it
+// failed with err: the claim q holds on the entry, or the entry a create
+// of unknown outcome may have made, and the claim of the name. It
+// returns ctx.Err() when ctx ended, else err.
+func (b *Backend) waitFailed(ctx context.Context, r dlock.Request, name string, q *queued, err error) error {
+	switch {
+	case q.claimed:
+		b.abandon(ctx, r.Key, name, q.rev, r.Reentrant)
+	case q.unknown != nil:
+		b.dropCreated(ctx, name, q.unknown, entryValue(r), q.floor)
+	}
+	b.unclaim(r, name)
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return err
 }
 
 // waiter is one Wait call.
@@ -56,12 +73,7 @@ type waiter struct {
 	name  string
 	sec   int64
 	start time.Time
-
-	claimed bool        // the entry holds a claim of ours (created or joined)
-	unknown *leaseState // the last create had an unknown outcome, with this lease
-	floor   int64       // ... and created nothing at or below this revision
-	rev     int64       // the entry's create revision
-	ls      *leaseState // the entry's lease
+	queued
 }
 
 // position is what one read of the queue tells a waiter.
