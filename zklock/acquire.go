@@ -42,11 +42,8 @@ func (b *Backend) Wait(ctx context.Context, r dlock.Request) (dlock.Grant, error
 }
 
 func (b *Backend) acquire(ctx context.Context, r dlock.Request, wait bool) (dlock.Grant, error) {
-	if err := b.usable(); err != nil {
+	if err := b.usableFor(r.Key); err != nil {
 		return dlock.Grant{}, err
-	}
-	if err := dlock.ValidateKey(r.Key); err != nil {
-		return dlock.Grant{}, fmt.Errorf("zklock: %w", err)
 	}
 	if err := b.checkTTL(ctx, r.TTL); err != nil {
 		return dlock.Grant{}, err

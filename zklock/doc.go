@@ -170,7 +170,7 @@
 //     Permits are granted in sequence order, so their fences increase in
 //     the order the permits are granted.
 //   - Round trips: an uncontended permit or read hold takes three (create,
-//     list, delete), as a lock (TestKindRoundTrips). A waiting one adds its
+//     list, delete), as a lock (TestRoundTrips). A waiting one adds its
 //     watches (one for a reader and for a permit waiter behind the first,
 //     N for the first, pipelined; a reader behind a single writer also
 //     watches its own node) and a listing per wake-up (none for that

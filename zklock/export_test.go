@@ -71,5 +71,10 @@ func (b *Backend) Unwatched() int {
 	return n
 }
 
-// ReapGrace is reapGrace.
-const ReapGrace = reapGrace
+// ReapsKept returns how many reaps scheduled by b found their hold
+// claimed again by a lease and kept its node.
+func (b *Backend) ReapsKept() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.reapsKept
+}

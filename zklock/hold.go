@@ -310,6 +310,8 @@ func (b *Backend) scheduleReapLocked(h *hold) {
 		if orphan {
 			b.forgetLocked(h)
 			h.releasing = true
+		} else {
+			b.reapsKept++
 		}
 		b.mu.Unlock()
 		if orphan {

@@ -3,7 +3,6 @@ package zklock
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 
 	"github.com/dlock-go/dlock"
@@ -19,11 +18,8 @@ import (
 // its session) and Info.Waiters is the number of nodes queued behind the
 // holders.
 func (b *Backend) Inspect(ctx context.Context, key string) (dlock.Info, error) {
-	if err := b.usable(); err != nil {
+	if err := b.usableFor(key); err != nil {
 		return dlock.Info{}, err
-	}
-	if err := dlock.ValidateKey(key); err != nil {
-		return dlock.Info{}, fmt.Errorf("zklock: %w", err)
 	}
 	info, _, err := b.inspect(ctx, key)
 	return info, zkErr("inspect", key, err)
@@ -141,11 +137,8 @@ func (b *Backend) readNodes(ctx context.Context, paths []string) ([]nodeData, er
 // at once from their watches on the nodes (or at their next Refresh),
 // and the next waiters in the queue are granted.
 func (b *Backend) ForceRelease(ctx context.Context, key string) (dlock.Info, error) {
-	if err := b.usable(); err != nil {
+	if err := b.usableFor(key); err != nil {
 		return dlock.Info{}, err
-	}
-	if err := dlock.ValidateKey(key); err != nil {
-		return dlock.Info{}, fmt.Errorf("zklock: %w", err)
 	}
 	info, paths, err := b.inspect(ctx, key)
 	if err != nil || !info.Held {

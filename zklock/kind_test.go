@@ -14,78 +14,10 @@ import (
 	"github.com/go-zookeeper/zk"
 )
 
-// ZooKeeper opcodes, for counting requests.
-const (
-	reqCreate   = 1
-	reqDelete   = 2
-	reqExists   = 3
-	reqGetData  = 4
-	reqSetData  = 5
-	reqPing     = 11
-	reqChildren = 12
-)
-
-// kindClient returns a Client whose requests counter counts, by opcode.
-func kindClient(t *testing.T) (*dlock.Client, *zklock.Backend, *opCounter) {
-	t.Helper()
-	counter := &opCounter{ops: make(map[int32]int)}
-	_, b := connect(t, zkServer.Addr(), 10*time.Second, zklock.WithDialer(counter.dial))
-	c := dlock.New(b, dlock.WithTTL(10*time.Second))
-	t.Cleanup(func() { c.Close() })
-	return c, b, counter
-}
-
 func mustRelease(t *testing.T, l *dlock.Lease) {
 	t.Helper()
 	if err := l.Release(context.Background()); err != nil {
 		t.Fatalf("Release: %v", err)
-	}
-}
-
-// TestKindRoundTrips measures the requests of an uncontended acquire and
-// release of a permit and of a read hold: create, list, delete, as for a
-// lock (the fence comes with the create's reply).
-func TestKindRoundTrips(t *testing.T) {
-	for _, kind := range []dlock.Kind{dlock.KindPermit, dlock.KindRead} {
-		t.Run(kind.String(), func(t *testing.T) {
-			c, _, counter := kindClient(t)
-			ctx := locktest.Ctx(t, time.Minute)
-			k := locktest.Key(t)
-			acquire := func() (*dlock.Lease, error) {
-				if kind == dlock.KindPermit {
-					return c.Semaphore(k, 3).Acquire(ctx)
-				}
-				return c.RWLock(k).RLock(ctx)
-			}
-			cycle := func() time.Duration {
-				l, err := acquire()
-				if err != nil {
-					t.Fatalf("acquire: %v", err)
-				}
-				start := time.Now()
-				mustRelease(t, l)
-				return time.Since(start)
-			}
-			cycle() // first use: parents, session
-			counter.take()
-			const n = 20
-			long := 0
-			for range n {
-				if cycle() >= zklock.WatchDelay/2 {
-					long++
-				}
-			}
-			ops := counter.take()
-			delete(ops, reqPing)
-			if ops[reqExists] <= long {
-				delete(ops, reqExists)
-			}
-			want := map[int32]int{reqCreate: n, reqChildren: n, reqDelete: n}
-			if !maps.Equal(ops, want) {
-				t.Fatalf("requests for %d %s acquire/release cycles: got %v (by opcode), want %v", n, kind, ops, want)
-			}
-			t.Logf("%s: %d requests per acquire and release", kind, (ops[reqCreate]+ops[reqChildren]+ops[reqDelete])/n)
-		})
 	}
 }
 
@@ -102,7 +34,7 @@ func TestKindHandoff(t *testing.T) {
 			k := locktest.Key(t)
 			ctx := locktest.Ctx(t, time.Minute)
 			hc, hb := client(t, zkServer.Addr(), 10*time.Second)
-			c, _, counter := kindClient(t)
+			counter, c, _ := countedClient(t)
 			var holder *dlock.Lease
 			var err error
 			var wait <-chan locktest.Outcome
@@ -116,20 +48,20 @@ func TestKindHandoff(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			waitOps(t, counter, func(ops map[int32]int) bool { return ops[reqGetData] == 1 })
+			waitOps(t, counter, func(ops map[int32]int) bool { return ops[opGetData] == 1 })
 			mustRelease(t, holder)
 			l := locktest.Granted(t, wait, 30*time.Second)
 			start := time.Now()
 			mustRelease(t, l)
 			awaitQueue(t, observer(t, zkServer.Addr()), hb.KeyPath(k), 0)
-			ops := counter.take()
-			delete(ops, reqPing)
-			want := map[int32]int{reqCreate: 1, reqChildren: 2, reqGetData: 1, reqDelete: 1}
+			ops := counter.Take()
+			delete(ops, opPing)
+			want := map[int32]int{opCreate: 1, opChildren: 2, opGetData: 1, opDelete: 1}
 			if kind == dlock.KindRead {
-				want = map[int32]int{reqCreate: 1, reqChildren: 1, reqGetData: 1, reqExists: 1, reqDelete: 1}
+				want = map[int32]int{opCreate: 1, opChildren: 1, opGetData: 1, opExists: 1, opDelete: 1}
 			}
 			if time.Since(start) >= zklock.WatchDelay/2 {
-				ops[reqExists] = want[reqExists] // a hold long enough for its loss watch
+				ops[opExists] = want[opExists] // a hold long enough for its loss watch
 			}
 			if !maps.Equal(ops, want) {
 				t.Fatalf("requests of a %s waiter from its acquisition to its release: got %v (by opcode), want %v", kind, ops, want)
@@ -160,32 +92,32 @@ func TestPermitWakesFirstWaiterOnly(t *testing.T) {
 	var waits []<-chan locktest.Outcome
 	var counters []*opCounter
 	for i := range 3 {
-		c, _, counter := kindClient(t)
+		counter, c, _ := countedClient(t)
 		waits = append(waits, locktest.Go(func() (*dlock.Lease, error) { return c.Semaphore(k, n).Acquire(ctx) }))
 		counters = append(counters, counter)
 		awaitQueue(t, obs, path, n+i+1)
 	}
 	// Placed: the first waiter watches both holders, the others their
 	// predecessors.
-	waitOps(t, counters[0], func(ops map[int32]int) bool { return ops[reqGetData] == n })
-	waitOps(t, counters[1], func(ops map[int32]int) bool { return ops[reqGetData] == 1 })
-	waitOps(t, counters[2], func(ops map[int32]int) bool { return ops[reqGetData] == 1 })
+	waitOps(t, counters[0], func(ops map[int32]int) bool { return ops[opGetData] == n })
+	waitOps(t, counters[1], func(ops map[int32]int) bool { return ops[opGetData] == 1 })
+	waitOps(t, counters[2], func(ops map[int32]int) bool { return ops[opGetData] == 1 })
 	for _, c := range counters {
-		c.take()
+		c.Take()
 	}
 	mustRelease(t, holders[1])
 	first := locktest.Granted(t, waits[0], 30*time.Second)
 	// The grant's signal wakes the second waiter, now first in line.
-	waitOps(t, counters[0], func(ops map[int32]int) bool { return ops[reqSetData] == 1 })
-	waitOps(t, counters[1], func(ops map[int32]int) bool { return ops[reqChildren] == 1 && ops[reqGetData] == n })
+	waitOps(t, counters[0], func(ops map[int32]int) bool { return ops[opSetData] == 1 })
+	waitOps(t, counters[1], func(ops map[int32]int) bool { return ops[opChildren] == 1 && ops[opGetData] == n })
 	locktest.NotYet(t, waits[1], "second waiter")
 	locktest.NotYet(t, waits[2], "third waiter")
-	if ops := counters[2].take(); ops[reqChildren]+ops[reqGetData]+ops[reqExists] != 0 {
+	if ops := counters[2].Take(); ops[opChildren]+ops[opGetData]+ops[opExists] != 0 {
 		t.Fatalf("third waiter's requests after a release: got %v (by opcode), want none", ops)
 	}
 	// The next release goes to the second waiter, with no listing by the
 	// third.
-	counters[1].take()
+	counters[1].Take()
 	mustRelease(t, holders[0])
 	second := locktest.Granted(t, waits[1], 30*time.Second)
 	if first.Fence() <= holders[1].Fence() || second.Fence() <= first.Fence() {
@@ -214,7 +146,7 @@ func TestReaderWatchesNearestWriter(t *testing.T) {
 	var waits []<-chan locktest.Outcome
 	var counters []*opCounter
 	for i, kind := range kinds {
-		c, _, counter := kindClient(t)
+		counter, c, _ := countedClient(t)
 		rw := c.RWLock(k)
 		f := rw.Lock
 		if kind == dlock.KindRead {
@@ -226,10 +158,10 @@ func TestReaderWatchesNearestWriter(t *testing.T) {
 	}
 	// Give every waiter time to place itself: the last reader watches the
 	// second writer.
-	waitOps(t, counters[3], func(ops map[int32]int) bool { return ops[reqGetData] == 1 })
-	waitOps(t, counters[1], func(ops map[int32]int) bool { return ops[reqGetData] == 1 })
+	waitOps(t, counters[3], func(ops map[int32]int) bool { return ops[opGetData] == 1 })
+	waitOps(t, counters[1], func(ops map[int32]int) bool { return ops[opGetData] == 1 })
 	for _, c := range counters {
-		c.take()
+		c.Take()
 	}
 	mustRelease(t, r0)
 	w1 := locktest.Granted(t, waits[0], 30*time.Second)
@@ -244,7 +176,7 @@ func TestReaderWatchesNearestWriter(t *testing.T) {
 	}
 	locktest.NotYet(t, waits[2], "second writer")
 	locktest.NotYet(t, waits[3], "reader behind the second writer")
-	if ops := counters[3].take(); ops[reqChildren]+ops[reqGetData]+ops[reqExists] != 0 {
+	if ops := counters[3].Take(); ops[opChildren]+ops[opGetData]+ops[opExists] != 0 {
 		t.Fatalf("last reader's requests after releases that did not concern it: got %v (by opcode), want none", ops)
 	}
 	// Inspect sees the reader as the holder and the two behind as waiting.

@@ -8,7 +8,6 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/internal/locktest"
-	"github.com/dlock-go/dlock/zklock"
 )
 
 // TestWaiterGrantedWithoutListing checks the hand-off shortcut of a
@@ -21,12 +20,6 @@ import (
 // predecessor holds the lock. Either way, the predecessor's release then
 // grants it with no request at all.
 func TestWaiterGrantedWithoutListing(t *testing.T) {
-	const (
-		opExists   = 3
-		opGetData  = 4
-		opChildren = 12
-		opPing     = 11
-	)
 	for _, ahead := range []int{1, 2} {
 		t.Run(fmt.Sprintf("waiters-ahead=%d", ahead), func(t *testing.T) {
 			k := locktest.Key(t)
@@ -48,10 +41,7 @@ func TestWaiterGrantedWithoutListing(t *testing.T) {
 				awaitQueue(t, obs, hb.KeyPath(k), i+2)
 			}
 
-			counter := &opCounter{ops: make(map[int32]int)}
-			_, b2 := connect(t, zkServer.Addr(), 10*time.Second, zklock.WithDialer(counter.dial))
-			c2 := dlock.New(b2, dlock.WithTTL(10*time.Second))
-			t.Cleanup(func() { c2.Close() })
+			counter, c2, _ := countedClient(t)
 			type result struct {
 				l   *dlock.Lease
 				ops map[int32]int // requests sent since the last take
@@ -60,7 +50,7 @@ func TestWaiterGrantedWithoutListing(t *testing.T) {
 			last := make(chan result, 1)
 			go func() {
 				l, err := c2.Acquire(ctx, k)
-				last <- result{l, counter.take(), err}
+				last <- result{l, counter.Take(), err}
 			}()
 			awaitQueue(t, obs, hb.KeyPath(k), ahead+2)
 			// Queued: it listed the queue and watches its predecessor, the
@@ -68,7 +58,7 @@ func TestWaiterGrantedWithoutListing(t *testing.T) {
 			waitOps(t, counter, func(ops map[int32]int) bool {
 				return ops[opChildren] == 1 && ops[opGetData] == 2 && ops[opExists] == 1
 			})
-			counter.take()
+			counter.Take()
 
 			release := func(l *dlock.Lease) {
 				t.Helper()
@@ -92,7 +82,7 @@ func TestWaiterGrantedWithoutListing(t *testing.T) {
 				release(l)
 				l = next(1)
 				waitOps(t, counter, func(ops map[int32]int) bool { return ops[opChildren] == 1 })
-				counter.take()
+				counter.Take()
 			}
 			release(l)
 			r := <-last
@@ -112,9 +102,5 @@ func TestWaiterGrantedWithoutListing(t *testing.T) {
 // satisfy cond.
 func waitOps(t *testing.T, c *opCounter, cond func(map[int32]int) bool) {
 	t.Helper()
-	locktest.WaitFor(t, 10*time.Second, "the expected requests by opcode", func() bool {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		return cond(c.ops)
-	})
+	locktest.WaitFor(t, 10*time.Second, "the expected requests by opcode", func() bool { return cond(c.Snapshot()) })
 }

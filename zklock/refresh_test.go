@@ -19,12 +19,10 @@ import (
 // watch's event was handled before it, and the others stay held.
 func TestRefreshManyFromWatches(t *testing.T) {
 	const (
-		opSync = 9
-		opPing = 11
-		n      = 50
-		ttl    = 10 * time.Second
+		n   = 50
+		ttl = 10 * time.Second
 	)
-	counter := &opCounter{ops: make(map[int32]int)}
+	counter := &opCounter{}
 	_, b := connect(t, zkServer.Addr(), ttl, zklock.WithDialer(counter.dial))
 	obs := observer(t, zkServer.Addr())
 	ctx := locktest.Ctx(t, time.Minute)
@@ -53,13 +51,13 @@ func TestRefreshManyFromWatches(t *testing.T) {
 		return !slices.ContainsFunc(rs, func(r dlock.Request) bool { return !b.Watched(r.Key) })
 	})
 
-	counter.take()
+	counter.Take()
 	for i, err := range b.RefreshMany(ctx, rs) {
 		if err != nil {
 			t.Fatalf("RefreshMany, lock %d: %v", i, err)
 		}
 	}
-	ops := counter.take()
+	ops := counter.Take()
 	delete(ops, opPing)
 	if want := map[int32]int{opSync: 1}; !maps.Equal(ops, want) {
 		t.Fatalf("requests for a RefreshMany of %d watched locks: got %v (by opcode), want %v", n, ops, want)

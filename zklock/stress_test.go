@@ -43,7 +43,7 @@ func TestStress(t *testing.T) {
 	}
 	s := newStress(t, 4, 3)
 	s.run(dur, 12)
-	t.Logf("ops: %v", s.ops.summary())
+	t.Logf("ops: %v", s.ops.Snapshot())
 	if n := s.violations.Load(); n > 0 {
 		t.Fatalf("%d violations (first ones logged above)", n)
 	}
@@ -68,7 +68,7 @@ type stress struct {
 	evmu   sync.Mutex
 	events []string
 
-	ops        counters
+	ops        locktest.Counts[string]
 	violations atomic.Int64
 	stop       atomic.Bool
 }
@@ -96,7 +96,6 @@ func newStress(t *testing.T, clients, keys int) *stress {
 		live:    make(map[*dlock.Lease]*held),
 		fences:  make(map[string][]grantRec),
 		closing: make(map[*dlock.Client]bool),
-		ops:     counters{m: make(map[string]int)},
 	}
 	k := locktest.Key(t)
 	for i := range keys {
@@ -183,7 +182,7 @@ func (s *stress) worker(w int) {
 	for !s.stop.Load() {
 		slot := rng.IntN(len(s.slots))
 		if rng.IntN(300) == 0 {
-			s.ops.add("close")
+			s.ops.Add("close")
 			old := s.slots[slot].Swap(s.newClient())
 			s.logf("close slot %d", slot)
 			// Close releases the leases on the server before their Done
@@ -226,18 +225,18 @@ func (s *stress) session(rng *rand.Rand, slot int, c *dlock.Client, depth int) {
 	var l *dlock.Lease
 	var err error
 	if rng.IntN(2) == 0 {
-		s.ops.add("try")
+		s.ops.Add("try")
 		l, err = c.TryAcquire(ctx, k, opts...)
 	} else {
-		s.ops.add("acquire")
+		s.ops.Add("acquire")
 		l, err = c.Acquire(ctx, k, opts...)
 	}
 	if err != nil {
-		s.ops.add("acquire-fail")
+		s.ops.Add("acquire-fail")
 		return
 	}
 	s.granted(l, c, owner, slot, start)
-	s.ops.add("granted")
+	s.ops.Add("granted")
 	hold := time.Duration(rng.Int64N(int64(30 * time.Millisecond)))
 	deadline := time.Now().Add(hold)
 	for time.Now().Before(deadline) && l.Err() == nil {
@@ -248,18 +247,18 @@ func (s *stress) session(rng *rand.Rand, slot int, c *dlock.Client, depth int) {
 			err := l.Refresh(rctx, ttl)
 			s.logf("refresh %s %s fence %d to %v: %v exp %v", l.Key(), l.Owner(), l.Fence(), ttl, err, l.Expires().Format("05.000"))
 			if err == nil {
-				s.ops.add("refresh")
+				s.ops.Add("refresh")
 			} else {
-				s.ops.add("refresh-fail")
+				s.ops.Add("refresh-fail")
 			}
 			rcancel()
 		case 1:
 			if owner != "" && depth < 2 {
-				s.ops.add("reenter")
+				s.ops.Add("reenter")
 				s.reenter(rng, slot, c, k, owner, depth)
 			}
 		default:
-			time.Sleep(time.Duration(rng.Int64N(int64(5 * time.Millisecond)))) // the holder's work
+			locktest.Work(l, time.Duration(rng.Int64N(int64(5*time.Millisecond))))
 		}
 	}
 	s.release(l)
@@ -283,8 +282,8 @@ func (s *stress) reenter(rng *rand.Rand, slot int, c *dlock.Client, k, owner str
 		return
 	}
 	s.granted(l, c, owner, slot, start)
-	s.ops.add("reentered")
-	time.Sleep(time.Duration(rng.Int64N(int64(5 * time.Millisecond)))) // the nested hold's work
+	s.ops.Add("reentered")
+	locktest.Work(l, time.Duration(rng.Int64N(int64(5*time.Millisecond)))) // the nested hold's
 	s.release(l)
 	_ = depth
 }
@@ -308,7 +307,7 @@ func (s *stress) release(l *dlock.Lease) {
 	s.mu.Unlock()
 	err := l.Release(ctx)
 	if errors.Is(err, dlock.ErrLost) || errors.Is(err, dlock.ErrNotHeld) {
-		s.ops.add("lost: " + lossKind(err))
+		s.ops.Add("lost: " + lossKind(err))
 		s.logf("LOST %s %s fence %d count %d: %v", l.Key(), l.Owner(), l.Fence(), l.Count(), err)
 	}
 	s.logf("release %s %s fence %d count %d: %v", l.Key(), l.Owner(), l.Fence(), l.Count(), err)
@@ -439,34 +438,6 @@ func (s *stress) checkServer(hs []*held, first map[*held]bool) {
 }
 
 func seqOf(name string) string { return name[max(0, len(name)-10):] }
-
-type counters struct {
-	mu sync.Mutex
-	m  map[string]int
-}
-
-func (c *counters) add(name string) {
-	c.mu.Lock()
-	c.m[name]++
-	c.mu.Unlock()
-}
-
-func (c *counters) summary() string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	keys := slices.Sorted(func(yield func(string) bool) {
-		for k := range c.m {
-			if !yield(k) {
-				return
-			}
-		}
-	})
-	var b strings.Builder
-	for _, k := range keys {
-		fmt.Fprintf(&b, "%s=%d ", k, c.m[k])
-	}
-	return b.String()
-}
 
 // lossKind classifies the error of a lease's Release after a loss.
 func lossKind(err error) string {

@@ -143,7 +143,7 @@ func TestReconnectionWatchesAgain(t *testing.T) {
 	if got := conn.SessionID(); got != session {
 		t.Fatalf("session after the reconnection: got %#x, want %#x (the same)", got, session)
 	}
-	if got := proxy.connections(); got < 2 {
+	if got := proxy.Forwarded(); got < 2 {
 		t.Fatalf("connections through the proxy: got %d, want at least 2", got)
 	}
 	checkHeld(t, ls, 3)

@@ -41,17 +41,18 @@ type Backend struct {
 	cancel  context.CancelFunc
 	armKick chan struct{} // wakes the armer: a hold to watch was queued
 
-	mu      sync.Mutex
-	closed  bool
-	holds   map[holdKey]*hold
-	regID   uint64
-	roomy   []*watchGroup // watch groups with room for another hold
-	toArm   []*hold       // holds for the armer to watch, in armAt order
-	arming  bool          // the armer runs
-	rootOK  bool
-	byPath  map[string]*hold    // Connect: holds by node path, for the events read off the wire
-	reading map[string]*armWire // Connect: wire-watching reads in flight, by path
-	wg      sync.WaitGroup      // watch groups, the armer, reapers and loss dispatches
+	mu        sync.Mutex
+	closed    bool
+	holds     map[holdKey]*hold
+	regID     uint64
+	roomy     []*watchGroup // watch groups with room for another hold
+	toArm     []*hold       // holds for the armer to watch, in armAt order
+	arming    bool          // the armer runs
+	rootOK    bool
+	byPath    map[string]*hold    // Connect: holds by node path, for the events read off the wire
+	reading   map[string]*armWire // Connect: wire-watching reads in flight, by path
+	reapsKept int                 // scheduled reaps that found their hold claimed again
+	wg        sync.WaitGroup      // watch groups, the armer, reapers and loss dispatches
 }
 
 var errClosed = fmt.Errorf("zklock: %w", dlock.ErrClosed)
@@ -188,6 +189,17 @@ func (b *Backend) usable() error {
 	defer b.mu.Unlock()
 	if b.closed {
 		return errClosed
+	}
+	return nil
+}
+
+// usableFor is usable for a call on key: it also refuses an invalid key.
+func (b *Backend) usableFor(key string) error {
+	if err := b.usable(); err != nil {
+		return err
+	}
+	if err := dlock.ValidateKey(key); err != nil {
+		return fmt.Errorf("zklock: %w", err)
 	}
 	return nil
 }

@@ -11,7 +11,6 @@ import (
 	"os"
 	"reflect"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -29,8 +28,8 @@ import (
 var zkServer *testserver.ZooKeeper
 
 func TestMain(m *testing.M) {
-	if os.Getenv(helperEnv) != "" {
-		// Re-executed as a lock-holding helper process (see fault_test.go).
+	if locktest.InHolderProcess() {
+		// Re-executed as a lock-holding process (see fault_test.go).
 		os.Exit(m.Run())
 	}
 	var err error
@@ -65,16 +64,7 @@ func client(t *testing.T, addr string, session time.Duration, opts ...dlock.Opti
 	t.Helper()
 	_, b := connect(t, addr, session)
 	opts = append([]dlock.Option{dlock.WithTTL(session)}, opts...)
-	c := dlock.New(b, opts...)
-	if err := c.Err(); err != nil {
-		t.Fatalf("dlock.New: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := c.Close(); err != nil {
-			t.Errorf("Client.Close: %v", err)
-		}
-	})
-	return c, b
+	return locktest.Closing(t, dlock.New(b, opts...)), b
 }
 
 // observer returns a plain connection for looking at the znodes.
@@ -109,7 +99,7 @@ func modeClient(t *testing.T, mode string) (*dlock.Client, *zklock.Backend) {
 
 // awaitQueue waits, with child watches rather than polling, until the
 // queue node path has n children, and returns them.
-func awaitQueue(t *testing.T, conn *zk.Conn, path string, n int) []string {
+func awaitQueue(t testing.TB, conn *zk.Conn, path string, n int) []string {
 	t.Helper()
 	deadline := time.After(10 * time.Second)
 	for {
@@ -138,6 +128,28 @@ func awaitQueue(t *testing.T, conn *zk.Conn, path string, n int) []string {
 			t.Fatalf("queue %s: got %d nodes %v, want %d", path, len(children), children, n)
 		}
 	}
+}
+
+// contest is a lock held through a Client on a session of its own, and
+// another Client, on another session, to contend for it.
+type contest struct {
+	k      string
+	hb     *zklock.Backend // the holder's
+	holder *dlock.Lease
+	c      *dlock.Client // the contender
+	obs    *zk.Conn
+	ctx    context.Context // ends after a minute
+}
+
+// contend returns a contest on a key of the test's own; both Clients
+// have a 10s session and TTL.
+func contend(t *testing.T) contest {
+	t.Helper()
+	hc, hb := client(t, zkServer.Addr(), 10*time.Second)
+	c, _ := client(t, zkServer.Addr(), 10*time.Second)
+	ctx := locktest.Ctx(t, time.Minute)
+	k := locktest.Key(t)
+	return contest{k: k, hb: hb, holder: locktest.MustAcquire(t, ctx, hc, k), c: c, obs: observer(t, zkServer.Addr()), ctx: ctx}
 }
 
 // ---------------------------------------------------------------------------
@@ -182,17 +194,13 @@ func TestConformance(t *testing.T) {
 // TestTryAcquireLeavesNoNode checks that a failed TryAcquire removes its
 // node and waits for nothing.
 func TestTryAcquireLeavesNoNode(t *testing.T) {
-	k := locktest.Key(t)
-	hc, hb := client(t, zkServer.Addr(), 10*time.Second)
-	tc, _ := client(t, zkServer.Addr(), 10*time.Second)
-	obs := observer(t, zkServer.Addr())
-	holder := locktest.MustAcquire(t, locktest.Ctx(t, time.Minute), hc, k)
-	defer holder.Release(context.Background())
-	_, err := tc.TryAcquire(locktest.Ctx(t, time.Minute), k)
+	f := contend(t)
+	defer f.holder.Release(context.Background())
+	_, err := f.c.TryAcquire(f.ctx, f.k)
 	if !errors.Is(err, dlock.ErrNotAcquired) {
 		t.Fatalf("TryAcquire of a held lock: got %v, want ErrNotAcquired", err)
 	}
-	children, _, err := obs.Children(hb.KeyPath(k))
+	children, _, err := f.obs.Children(f.hb.KeyPath(f.k))
 	if err != nil {
 		t.Fatalf("Children: %v", err)
 	}
@@ -212,15 +220,7 @@ func TestFenceIsCzxid(t *testing.T) {
 			obs := observer(t, zkServer.Addr())
 			ctx := locktest.Ctx(t, time.Minute)
 			k := locktest.Key(t)
-			for i := 0; i < 3; i++ {
-				l := locktest.MustAcquire(t, ctx, c, k)
-				if got, want := l.Fence(), fenceOf(t, obs, b.KeyPath(k)); got != want {
-					t.Fatalf("fence: got %d, want the node's czxid %d", got, want)
-				}
-				if err := l.Release(ctx); err != nil {
-					t.Fatalf("Release: %v", err)
-				}
-			}
+			fencesAreCzxids(t, ctx, c, b, obs, k, 3)
 			// Granted after waiting behind a holder.
 			holder := locktest.MustAcquire(t, ctx, hc, k)
 			wait := locktest.Go(func() (*dlock.Lease, error) { return c.Acquire(ctx, k) })
@@ -239,10 +239,47 @@ func TestFenceIsCzxid(t *testing.T) {
 	}
 }
 
+// ZooKeeper opcodes, for counting requests.
+const (
+	opCreate   = 1
+	opDelete   = 2
+	opExists   = 3
+	opGetData  = 4
+	opSetData  = 5
+	opSync     = 9
+	opPing     = 11
+	opChildren = 12
+)
+
+// fencesAreCzxids acquires and releases k through c (on b) n times, and
+// fails the test unless every fence is the czxid of the lock's node, read
+// through obs.
+func fencesAreCzxids(t *testing.T, ctx context.Context, c *dlock.Client, b *zklock.Backend, obs *zk.Conn, k string, n int) {
+	t.Helper()
+	for range n {
+		l := locktest.MustAcquire(t, ctx, c, k)
+		if got, want := l.Fence(), fenceOf(t, obs, b.KeyPath(k)); got != want {
+			t.Fatalf("fence: got %d, want the node's czxid %d", got, want)
+		}
+		if err := l.Release(ctx); err != nil {
+			t.Fatalf("Release: %v", err)
+		}
+	}
+}
+
 // opCounter counts the requests a connection sends, by opcode.
-type opCounter struct {
-	mu  sync.Mutex
-	ops map[int32]int
+type opCounter struct{ locktest.Counts[int32] }
+
+// countedClient returns a Client (TTL 10s) on a Backend with a 10s
+// session whose requests the returned counter counts, and the Backend;
+// the Client is closed when the test ends.
+func countedClient(t *testing.T) (*opCounter, *dlock.Client, *zklock.Backend) {
+	t.Helper()
+	counter := &opCounter{}
+	_, b := connect(t, zkServer.Addr(), 10*time.Second, zklock.WithDialer(counter.dial))
+	c := dlock.New(b, dlock.WithTTL(10*time.Second))
+	t.Cleanup(func() { c.Close() })
+	return counter, c, b
 }
 
 func (c *opCounter) dial(network, addr string, timeout time.Duration) (net.Conn, error) {
@@ -251,14 +288,6 @@ func (c *opCounter) dial(network, addr string, timeout time.Duration) (net.Conn,
 		return nil, err
 	}
 	return &countingConn{Conn: conn, c: c}, nil
-}
-
-func (c *opCounter) take() map[int32]int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	ops := c.ops
-	c.ops = make(map[int32]int)
-	return ops
 }
 
 type countingConn struct {
@@ -270,56 +299,58 @@ type countingConn struct {
 func (cc *countingConn) Write(p []byte) (int, error) {
 	// go-zookeeper writes one request frame per Write: length, xid, opcode.
 	if cc.first && len(p) >= 12 {
-		cc.c.mu.Lock()
-		cc.c.ops[int32(binary.BigEndian.Uint32(p[8:12]))]++
-		cc.c.mu.Unlock()
+		cc.c.Add(int32(binary.BigEndian.Uint32(p[8:12])))
 	}
 	cc.first = true // the first frame is the ConnectRequest
 	return cc.Conn.Write(p)
 }
 
-// TestRoundTrips checks that an uncontended acquire and release cost what
-// go-zookeeper's zk.Lock pays: create, list, delete — the fence comes with
-// the create's reply.
+// TestRoundTrips checks that an uncontended acquire and release of a lock,
+// a permit and a read hold cost what go-zookeeper's zk.Lock pays: create,
+// list, delete — the fence comes with the create's reply.
 func TestRoundTrips(t *testing.T) {
-	const (
-		opCreate   = 1
-		opDelete   = 2
-		opExists   = 3
-		opChildren = 12
-		opPing     = 11
-	)
-	counter := &opCounter{ops: make(map[int32]int)}
-	_, b := connect(t, zkServer.Addr(), 10*time.Second, zklock.WithDialer(counter.dial))
-	c := dlock.New(b, dlock.WithTTL(10*time.Second))
-	defer c.Close()
-	ctx := locktest.Ctx(t, time.Minute)
-	k := locktest.Key(t)
-	cycle := func() (held time.Duration) {
-		l := locktest.MustAcquire(t, ctx, c, k)
-		granted := time.Now()
-		if err := l.Release(ctx); err != nil {
-			t.Fatalf("Release: %v", err)
-		}
-		return time.Since(granted)
-	}
-	cycle() // first use: parents, session
-	counter.take()
-	const n = 20
-	long := 0 // holds long enough for the loss watch to be set
-	for range n {
-		if cycle() >= zklock.WatchDelay/2 {
-			long++
-		}
-	}
-	ops := counter.take()
-	delete(ops, opPing)
-	want := map[int32]int{opCreate: n, opChildren: n, opDelete: n}
-	if ops[opExists] <= long {
-		delete(ops, opExists)
-	}
-	if !maps.Equal(ops, want) {
-		t.Fatalf("requests for %d acquire/release cycles: got %v (by opcode), want %v", n, ops, want)
+	for _, kind := range []dlock.Kind{dlock.KindLock, dlock.KindPermit, dlock.KindRead} {
+		t.Run(kind.String(), func(t *testing.T) {
+			counter, c, _ := countedClient(t)
+			ctx := locktest.Ctx(t, time.Minute)
+			k := locktest.Key(t)
+			acquire := func() (*dlock.Lease, error) {
+				switch kind {
+				case dlock.KindPermit:
+					return c.Semaphore(k, 3).Acquire(ctx)
+				case dlock.KindRead:
+					return c.RWLock(k).RLock(ctx)
+				}
+				return c.Acquire(ctx, k)
+			}
+			cycle := func() (held time.Duration) {
+				l, err := acquire()
+				if err != nil {
+					t.Fatalf("acquire: %v", err)
+				}
+				granted := time.Now()
+				mustRelease(t, l)
+				return time.Since(granted)
+			}
+			cycle() // first use: parents, session
+			counter.Take()
+			const n = 20
+			long := 0 // holds long enough for the loss watch to be set
+			for range n {
+				if cycle() >= zklock.WatchDelay/2 {
+					long++
+				}
+			}
+			ops := counter.Take()
+			delete(ops, opPing)
+			if ops[opExists] <= long {
+				delete(ops, opExists)
+			}
+			want := map[int32]int{opCreate: n, opChildren: n, opDelete: n}
+			if !maps.Equal(ops, want) {
+				t.Fatalf("requests for %d %s acquire/release cycles: got %v (by opcode), want %v", n, kind, ops, want)
+			}
+		})
 	}
 }
 
@@ -350,14 +381,10 @@ func TestFrames(t *testing.T) {
 // TestInspectAndForceRelease checks Inspect's view of a queue, and that
 // ForceRelease ends the holder's lease at once and serves the next waiter.
 func TestInspectAndForceRelease(t *testing.T) {
-	k := locktest.Key(t)
-	hc, hb := client(t, zkServer.Addr(), 10*time.Second)
-	wc, _ := client(t, zkServer.Addr(), 10*time.Second)
-	obs := observer(t, zkServer.Addr())
-	ctx := locktest.Ctx(t, time.Minute)
-	holder := locktest.MustAcquire(t, ctx, hc, k)
-	wait := locktest.Go(func() (*dlock.Lease, error) { return wc.Acquire(ctx, k) })
-	awaitQueue(t, obs, hb.KeyPath(k), 2)
+	f := contend(t)
+	k, hb, holder, ctx := f.k, f.hb, f.holder, f.ctx
+	wait := locktest.Go(func() (*dlock.Lease, error) { return f.c.Acquire(ctx, k) })
+	awaitQueue(t, f.obs, hb.KeyPath(k), 2)
 
 	_, admin := connect(t, zkServer.Addr(), 10*time.Second)
 	info, err := admin.Inspect(ctx, k)
@@ -444,15 +471,11 @@ func TestNodeDeletedIsLoss(t *testing.T) {
 // then releases the holder: the waiter must fail rather than take the
 // lock on the strength of its predecessor's deletion.
 func TestWaiterNodeDeleted(t *testing.T) {
-	k := locktest.Key(t)
-	hc, hb := client(t, zkServer.Addr(), 10*time.Second)
-	wc, _ := client(t, zkServer.Addr(), 10*time.Second)
-	obs := observer(t, zkServer.Addr())
-	ctx := locktest.Ctx(t, time.Minute)
-	holder := locktest.MustAcquire(t, ctx, hc, k)
+	f := contend(t)
+	k, hb, holder, obs, ctx := f.k, f.hb, f.holder, f.obs, f.ctx
 	done := make(chan error, 1)
 	go func() {
-		l, err := wc.Acquire(ctx, k)
+		l, err := f.c.Acquire(ctx, k)
 		if err == nil {
 			l.Release(ctx)
 		}
@@ -512,15 +535,7 @@ func TestPlainCreateFallback(t *testing.T) {
 	if _, err := obs.Create(b.KeyPath(k), nil, 0, noWrite); err != nil {
 		t.Fatalf("Create: %v", err)
 	}
-	for i := 0; i < 2; i++ {
-		l := locktest.MustAcquire(t, ctx, c, k)
-		if got, want := l.Fence(), fenceOf(t, obs, b.KeyPath(k)); got != want {
-			t.Fatalf("fence: got %d, want the node's czxid %d", got, want)
-		}
-		if err := l.Release(ctx); err != nil {
-			t.Fatalf("Release: %v", err)
-		}
-	}
+	fencesAreCzxids(t, ctx, c, b, obs, k, 2)
 }
 
 // fenceOf returns the czxid of the only node in queue.
