@@ -11,6 +11,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/locktest"
 	"github.com/dlock-go/dlock/internal/locktest/testmain"
 	"github.com/dlock-go/dlock/internal/testserver"
 	"github.com/dlock-go/dlock/redlock"
@@ -61,32 +62,14 @@ func newClients(t testing.TB, edit ...func(*redis.Options)) []*redis.Client {
 // when the test ends.
 func newBackend(t testing.TB, opts ...redlock.Option) *redlock.Backend {
 	t.Helper()
-	b := redlock.NewWithOptions(newClients(t), opts...)
-	if err := b.Err(); err != nil {
-		t.Fatalf("redlock.NewWithOptions: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := b.Close(); err != nil {
-			t.Errorf("Backend.Close: %v", err)
-		}
-	})
-	return b
+	return locktest.Closing(t, redlock.NewWithOptions(newClients(t), opts...))
 }
 
-// newClient returns a dlock.Client on a new Backend, closed when the test
-// ends.
+// newClient returns a dlock.Client on a new Backend (newBackend), closed
+// when the test ends.
 func newClient(t testing.TB, bopts []redlock.Option, opts ...dlock.Option) *dlock.Client {
 	t.Helper()
-	c := dlock.New(redlock.NewWithOptions(newClients(t), bopts...), opts...)
-	if err := c.Err(); err != nil {
-		t.Fatalf("dlock.New: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := c.Close(); err != nil {
-			t.Errorf("Client.Close: %v", err)
-		}
-	})
-	return c
+	return locktest.Closing(t, dlock.New(newBackend(t, bopts...), opts...))
 }
 
 // A fault takes some nodes out: Pause (SIGSTOP: connections stay open,
@@ -99,19 +82,27 @@ const (
 	kill  fault = "Kill"
 )
 
+// act takes node i out as f does or, with back, brings it back.
+func (f fault) act(i int, back bool) error {
+	n := nodes[i]
+	switch {
+	case f == pause && back:
+		return n.Resume()
+	case f == pause:
+		return n.Pause()
+	case back:
+		return n.Restart()
+	}
+	return n.Kill()
+}
+
 // apply takes the nodes with the given indexes out and returns a function
 // that brings them back (also registered with t.Cleanup; calling it twice
 // is harmless).
 func (f fault) apply(t testing.TB, idx ...int) (restore func()) {
 	t.Helper()
 	for _, i := range idx {
-		var err error
-		if f == pause {
-			err = nodes[i].Pause()
-		} else {
-			err = nodes[i].Kill()
-		}
-		if err != nil {
+		if err := f.act(i, false); err != nil {
 			t.Fatalf("%s node %d: %v", f, i, err)
 		}
 	}
@@ -123,13 +114,7 @@ func (f fault) apply(t testing.TB, idx ...int) (restore func()) {
 		}
 		done = true
 		for _, i := range idx {
-			var err error
-			if f == pause {
-				err = nodes[i].Resume()
-			} else {
-				err = nodes[i].Restart()
-			}
-			if err != nil {
+			if err := f.act(i, true); err != nil {
 				t.Errorf("restore node %d after %s: %v", i, f, err)
 			}
 		}
