@@ -38,23 +38,8 @@ import (
 // auto-renew on) on a real redis-server: two round trips (the acquire and
 // release scripts).
 func BenchmarkAcquireRelease(b *testing.B) {
-	rdb := newRDB(b, srv.Addr())
-	c := dlock.New(redislock.New(rdb))
-	b.Cleanup(func() { c.Close() })
-	ctx := context.Background()
-	k := key(b)
-	b.ReportAllocs()
-	cost := startCost(b)
-	for b.Loop() {
-		l, err := c.Acquire(ctx, k)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := l.Release(ctx); err != nil {
-			b.Fatal(err)
-		}
-	}
-	cost.report(b)
+	c := newBenchClient(b, newRDB(b, srv.Addr()))
+	costLoop(b, cycle(b, context.Background(), onKey(c.Acquire, key(b))))
 }
 
 // BenchmarkAcquireReleaseTimeout is BenchmarkAcquireRelease with a
@@ -63,30 +48,16 @@ func BenchmarkAcquireRelease(b *testing.B) {
 // context bounds it; with ContextTimeoutEnabled go-redis applies the
 // deadline itself and the call runs directly.
 func BenchmarkAcquireReleaseTimeout(b *testing.B) {
-	for _, cte := range []bool{false, true} {
-		name := "HelperGoroutine"
-		if cte {
-			name = "ContextTimeoutEnabled"
+	runCases(b, "HelperGoroutine", "ContextTimeoutEnabled", func(b *testing.B, cte bool) {
+		c := newBenchClient(b, newRDB(b, srv.Addr(), func(o *redis.Options) { o.ContextTimeoutEnabled = cte }))
+		ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+		defer cancel()
+		op := cycle(b, ctx, onKey(c.Acquire, key(b)))
+		b.ReportAllocs()
+		for b.Loop() {
+			op()
 		}
-		b.Run(name, func(b *testing.B) {
-			rdb := newRDB(b, srv.Addr(), func(o *redis.Options) { o.ContextTimeoutEnabled = cte })
-			c := dlock.New(redislock.New(rdb))
-			b.Cleanup(func() { c.Close() })
-			ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
-			defer cancel()
-			k := key(b)
-			b.ReportAllocs()
-			for b.Loop() {
-				l, err := c.Acquire(ctx, k)
-				if err != nil {
-					b.Fatal(err)
-				}
-				if err := l.Release(ctx); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
-	}
+	})
 }
 
 // unlockScript is the classic compare-and-delete release.
@@ -99,27 +70,7 @@ return 0`)
 // a Lua compare-and-delete (EVALSHA), with a fresh random token per
 // acquisition as any lock needs: the least a Redis lock can do.
 func BenchmarkRawSetNXRelease(b *testing.B) {
-	rdb := newRDB(b, srv.Addr())
-	ctx := context.Background()
-	k := key(b)
-	keys := []string{k}
-	if err := unlockScript.Load(ctx, rdb).Err(); err != nil {
-		b.Fatal(err)
-	}
-	b.ReportAllocs()
-	cost := startCost(b)
-	for b.Loop() {
-		token := rand.Text()
-		ok, err := rdb.SetArgs(ctx, k, token, redis.SetArgs{Mode: "NX", TTL: 30 * time.Second}).Result()
-		if err != nil || ok != "OK" {
-			b.Fatalf("SET NX PX: %q, %v", ok, err)
-		}
-		n, err := unlockScript.Run(ctx, rdb, keys, token).Int()
-		if err != nil || n != 1 {
-			b.Fatalf("release: %d, %v", n, err)
-		}
-	}
-	cost.report(b)
+	costLoop(b, rawCycle(b, newRDB(b, srv.Addr()), key(b)))
 }
 
 // BenchmarkFencedFloor is a second baseline: package fencedfloor's
@@ -128,25 +79,7 @@ func BenchmarkRawSetNXRelease(b *testing.B) {
 // token (server TIME in a one-string lock) and of scripted acquisition; the gap
 // from it to BenchmarkAcquireRelease is what this package adds.
 func BenchmarkFencedFloor(b *testing.B) {
-	rdb := newRDB(b, srv.Addr())
-	ctx := context.Background()
-	lock := "{" + key(b) + "}"
-	keys := []string{lock, lock + ":fence"}
-	b.ReportAllocs()
-	cost := startCost(b)
-	for b.Loop() {
-		token := rand.Text()
-		v, err := fencedfloor.Acquire.Run(ctx, rdb, keys, token, 30000).Slice()
-		if err != nil || len(v) != 2 || v[0] != int64(1) {
-			b.Fatalf("acquire: %v, %v", v, err)
-		}
-		fence, _ := v[1].(int64)
-		n, err := fencedfloor.Release.Run(ctx, rdb, keys, token, fence).Int()
-		if err != nil || n != 1 {
-			b.Fatalf("release: %d, %v", n, err)
-		}
-	}
-	cost.report(b)
+	costLoop(b, fencedCycle(b, newRDB(b, srv.Addr()), "{"+key(b)+"}"))
 }
 
 // BenchmarkInterleaved runs one acquisition of each kind per iteration —
@@ -158,64 +91,17 @@ func BenchmarkFencedFloor(b *testing.B) {
 // ×fenced = fenced-µs / dlock-µs.
 func BenchmarkInterleaved(b *testing.B) {
 	rdb := newRDB(b, srv.Addr())
-	ctx := context.Background()
-	c := dlock.New(redislock.New(rdb))
-	b.Cleanup(func() { c.Close() })
+	c := newBenchClient(b, rdb)
 	k := key(b)
-	rawKeys := []string{k + ":raw"}
-	lock := "{" + k + ":fenced}"
-	fencedKeys := []string{lock, lock + ":fence"}
-	if err := unlockScript.Load(ctx, rdb).Err(); err != nil {
-		b.Fatal(err)
-	}
-	ops := [3]func(){
-		func() {
-			l, err := c.Acquire(ctx, k)
-			if err != nil {
-				b.Fatal(err)
-			}
-			if err := l.Release(ctx); err != nil {
-				b.Fatal(err)
-			}
-		},
-		func() {
-			token := rand.Text()
-			ok, err := rdb.SetArgs(ctx, rawKeys[0], token, redis.SetArgs{Mode: "NX", TTL: 30 * time.Second}).Result()
-			if err != nil || ok != "OK" {
-				b.Fatalf("SET NX PX: %q, %v", ok, err)
-			}
-			if n, err := unlockScript.Run(ctx, rdb, rawKeys, token).Int(); err != nil || n != 1 {
-				b.Fatalf("release: %d, %v", n, err)
-			}
-		},
-		func() {
-			token := rand.Text()
-			v, err := fencedfloor.Acquire.Run(ctx, rdb, fencedKeys, token, 30000).Slice()
-			if err != nil || len(v) != 2 || v[0] != int64(1) {
-				b.Fatalf("acquire: %v, %v", v, err)
-			}
-			if n, err := fencedfloor.Release.Run(ctx, rdb, fencedKeys, token, v[1]).Int(); err != nil || n != 1 {
-				b.Fatalf("release: %d, %v", n, err)
-			}
-		},
-	}
-	var spent [3]time.Duration
-	i := 0
-	for b.Loop() {
-		for j := range 3 {
-			op := (i + j) % 3
-			t0 := time.Now()
-			ops[op]()
-			spent[op] += time.Since(t0)
-		}
-		i++
-	}
-	us := func(d time.Duration) float64 { return float64(d) / float64(b.N) / 1e3 }
-	b.ReportMetric(us(spent[0]), "dlock-µs")
-	b.ReportMetric(us(spent[1]), "raw-µs")
-	b.ReportMetric(us(spent[2]), "fenced-µs")
-	b.ReportMetric(float64(spent[1])/float64(spent[0]), "×raw")
-	b.ReportMetric(float64(spent[2])/float64(spent[0]), "×fenced")
+	us := interleave(b,
+		cycle(b, context.Background(), onKey(c.Acquire, k)),
+		rawCycle(b, rdb, k+":raw"),
+		fencedCycle(b, rdb, "{"+k+":fenced}"))
+	b.ReportMetric(us[0], "dlock-µs")
+	b.ReportMetric(us[1], "raw-µs")
+	b.ReportMetric(us[2], "fenced-µs")
+	b.ReportMetric(us[1]/us[0], "×raw")
+	b.ReportMetric(us[2]/us[0], "×fenced")
 }
 
 // Scripts of BenchmarkFenceCost: SET NX PX inside a script, then with one
@@ -257,8 +143,7 @@ return {1, redis.call('INCR', KEYS[2])}`)
 func BenchmarkFenceCost(b *testing.B) {
 	rdb := newRDB(b, srv.Addr())
 	ctx := context.Background()
-	c := dlock.New(redislock.New(rdb))
-	b.Cleanup(func() { c.Close() })
+	c := newBenchClient(b, rdb)
 	base := "{" + key(b) + "}"
 	for _, s := range []*redis.Script{unlockScript, scriptedSet, timeFence, counterFence, fencedfloor.Minimal, fencedfloor.Acquire, fencedfloor.Release} {
 		if err := s.Load(ctx, rdb).Err(); err != nil {
@@ -281,57 +166,18 @@ func BenchmarkFenceCost(b *testing.B) {
 			}
 		}
 	}
-	fencedKeys := []string{base + "fenced", base + "fenced:fence"}
 	names := []string{"raw", "script", "time", "counter", "minimal", "fenced", "dlock"}
-	ops := []func(){
-		func() {
-			token := rand.Text()
-			ok, err := rdb.SetArgs(ctx, base+"raw", token, redis.SetArgs{Mode: "NX", TTL: 30 * time.Second}).Result()
-			if err != nil || ok != "OK" {
-				b.Fatalf("SET NX PX: %q, %v", ok, err)
-			}
-			if n, err := unlockScript.Run(ctx, rdb, []string{base + "raw"}, token).Int(); err != nil || n != 1 {
-				b.Fatalf("release: %d, %v", n, err)
-			}
-		},
+	us := interleave(b,
+		rawCycle(b, rdb, base+"raw"),
 		scripted(scriptedSet, "script"),
 		scripted(timeFence, "time"),
 		scripted(counterFence, "counter"),
 		scripted(fencedfloor.Minimal, "minimal"),
-		func() {
-			token := rand.Text()
-			v, err := fencedfloor.Acquire.Run(ctx, rdb, fencedKeys, token, 30000).Slice()
-			if err != nil || len(v) != 2 || v[0] != int64(1) {
-				b.Fatalf("fenced acquire: %v, %v", v, err)
-			}
-			if n, err := fencedfloor.Release.Run(ctx, rdb, fencedKeys, token, v[1]).Int(); err != nil || n != 1 {
-				b.Fatalf("fenced release: %d, %v", n, err)
-			}
-		},
-		func() {
-			l, err := c.Acquire(ctx, base+"dlock")
-			if err != nil {
-				b.Fatal(err)
-			}
-			if err := l.Release(ctx); err != nil {
-				b.Fatal(err)
-			}
-		},
-	}
-	spent := make([]time.Duration, len(ops))
-	i := 0
-	for b.Loop() {
-		for j := range ops {
-			op := (i + j) % len(ops)
-			t0 := time.Now()
-			ops[op]()
-			spent[op] += time.Since(t0)
-		}
-		i++
-	}
-	b.ReportMetric(float64(spent[0])/float64(b.N)/1e3, "raw-µs")
-	for j := 1; j < len(ops); j++ {
-		b.ReportMetric(float64(spent[0])/float64(spent[j]), "×"+names[j])
+		fencedCycle(b, rdb, base+"fenced"),
+		cycle(b, ctx, onKey(c.Acquire, base+"dlock")))
+	b.ReportMetric(us[0], "raw-µs")
+	for j := 1; j < len(us); j++ {
+		b.ReportMetric(us[0]/us[j], "×"+names[j])
 	}
 }
 
@@ -340,64 +186,36 @@ func BenchmarkFenceCost(b *testing.B) {
 // on the caller's goroutine) and with one that can (the call runs on a
 // helper goroutine, see New): what honouring a cancellation costs.
 func BenchmarkBackendCycle(b *testing.B) {
-	for _, cancellable := range []bool{false, true} {
-		name := "Background"
+	runCases(b, "Background", "Cancellable", func(b *testing.B, cancellable bool) {
+		bk := newBackend(b, newRDB(b, srv.Addr()))
+		ctx := context.Background()
 		if cancellable {
-			name = "Cancellable"
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithCancel(ctx)
+			defer cancel()
 		}
-		b.Run(name, func(b *testing.B) {
-			bk := newBackend(b, newRDB(b, srv.Addr()))
-			ctx := context.Background()
-			if cancellable {
-				var cancel context.CancelFunc
-				ctx, cancel = context.WithCancel(ctx)
-				defer cancel()
-			}
-			r := req(key(b), 30*time.Second)
-			for b.Loop() {
-				g, err := bk.TryAcquire(ctx, r)
-				if err != nil || !g.OK {
-					b.Fatal(g, err)
-				}
-				r.Fence = g.Fence
-				if err := bk.Release(ctx, r); err != nil {
-					b.Fatal(err)
-				}
-				r.Fence = 0
-			}
-		})
-	}
+		r := req(key(b), 30*time.Second)
+		for b.Loop() {
+			tryRelease(b, ctx, bk, r)
+		}
+	})
 }
 
 // BenchmarkClientCycle is one uncontended Acquire (which waits in the
 // queue when it must: Backend.Wait) or TryAcquire (one attempt) and its
 // Release through a dlock.Client.
 func BenchmarkClientCycle(b *testing.B) {
-	for _, try := range []bool{false, true} {
-		name := "Acquire"
+	runCases(b, "Acquire", "TryAcquire", func(b *testing.B, try bool) {
+		c := newBenchClient(b, newRDB(b, srv.Addr()))
+		acquire := c.Acquire
 		if try {
-			name = "TryAcquire"
+			acquire = c.TryAcquire
 		}
-		b.Run(name, func(b *testing.B) {
-			c := dlock.New(redislock.New(newRDB(b, srv.Addr())))
-			b.Cleanup(func() { c.Close() })
-			ctx := context.Background()
-			k := key(b)
-			for b.Loop() {
-				acquire := c.Acquire
-				if try {
-					acquire = c.TryAcquire
-				}
-				l, err := acquire(ctx, k)
-				if err != nil {
-					b.Fatal(err)
-				}
-				if err := l.Release(ctx); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
-	}
+		op := cycle(b, context.Background(), onKey(acquire, key(b)))
+		for b.Loop() {
+			op()
+		}
+	})
 }
 
 // BenchmarkFloorCycle is one TryAcquire with a fence floor 5ms ahead of
@@ -410,37 +228,141 @@ func BenchmarkClientCycle(b *testing.B) {
 // second SET. NewKeys takes a new key each time (TIME, SET NX GET). Both
 // cost 6 commands per cycle.
 func BenchmarkFloorCycle(b *testing.B) {
-	for _, same := range []bool{true, false} {
-		name := "SameKey"
-		if !same {
-			name = "NewKeys"
-		}
-		b.Run(name, func(b *testing.B) {
-			rdb := newRDB(b, srv.Addr())
-			bk := newBackend(b, rdb)
-			ctx := context.Background()
-			k := key(b)
-			i := 0
-			calls := cmdCalls(b, rdb)
-			cost := startCost(b)
-			for b.Loop() {
-				r := req(k, 30*time.Second)
-				if !same {
-					i++
-					r.Key = k + ":" + strconv.Itoa(i)
-				}
-				r.Fence = uint64(time.Now().Add(5 * time.Millisecond).UnixMicro())
-				g, err := bk.TryAcquire(ctx, r)
-				if err != nil || !g.OK {
-					b.Fatal(g, err)
-				}
-				r.Fence = g.Fence
-				if err := bk.Release(ctx, r); err != nil {
-					b.Fatal(err)
-				}
+	runCases(b, "SameKey", "NewKeys", func(b *testing.B, newKeys bool) {
+		rdb := newRDB(b, srv.Addr())
+		bk := newBackend(b, rdb)
+		ctx := context.Background()
+		k := key(b)
+		i := 0
+		calls := cmdCalls(b, rdb)
+		cost := startCost(b)
+		for b.Loop() {
+			r := req(k, 30*time.Second)
+			if newKeys {
+				i++
+				r.Key = k + ":" + strconv.Itoa(i)
 			}
-			cost.report(b)
-			b.ReportMetric(float64(cmdCalls(b, rdb)-calls-1)/float64(b.N), "cmds/op")
-		})
+			r.Fence = uint64(time.Now().Add(5 * time.Millisecond).UnixMicro())
+			tryRelease(b, ctx, bk, r)
+		}
+		cost.report(b)
+		b.ReportMetric(float64(cmdCalls(b, rdb)-calls-1)/float64(b.N), "cmds/op")
+	})
+}
+
+// runCases runs fn as two sub-benchmarks: off (fn's case false) and on
+// (true).
+func runCases(b *testing.B, off, on string, fn func(b *testing.B, on bool)) {
+	b.Run(off, func(b *testing.B) { fn(b, false) })
+	b.Run(on, func(b *testing.B) { fn(b, true) })
+}
+
+// newBenchClient returns a dlock.Client with the default options over
+// redislock.New(rdb), closed when b ends.
+func newBenchClient(b *testing.B, rdb *redis.Client) *dlock.Client {
+	c := dlock.New(redislock.New(rdb))
+	b.Cleanup(func() { c.Close() })
+	return c
+}
+
+// onKey returns acquire (a Client's Acquire or TryAcquire) for the key k.
+func onKey(acquire func(context.Context, string, ...dlock.Option) (*dlock.Lease, error), k string) func(context.Context, ...dlock.Option) (*dlock.Lease, error) {
+	return func(ctx context.Context, opts ...dlock.Option) (*dlock.Lease, error) { return acquire(ctx, k, opts...) }
+}
+
+// cycle returns one acquisition by acquire and its Release, with ctx;
+// it fails b on an error.
+func cycle(b *testing.B, ctx context.Context, acquire func(context.Context, ...dlock.Option) (*dlock.Lease, error)) func() {
+	return func() {
+		l, err := acquire(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := l.Release(ctx); err != nil {
+			b.Fatal(err)
+		}
 	}
+}
+
+// tryRelease takes r with the Backend's TryAcquire and releases that
+// grant; it fails b when r is not granted.
+func tryRelease(b *testing.B, ctx context.Context, bk *redislock.Backend, r dlock.Request) {
+	g, err := bk.TryAcquire(ctx, r)
+	if err != nil || !g.OK {
+		b.Fatalf("TryAcquire: %+v, %v", g, err)
+	}
+	r.Fence = g.Fence
+	if err := bk.Release(ctx, r); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// rawCycle returns the raw loop on the key k: SET k token NX PX with a
+// fresh random token, then the compare-and-delete (EVALSHA).
+func rawCycle(b *testing.B, rdb *redis.Client, k string) func() {
+	ctx := context.Background()
+	if err := unlockScript.Load(ctx, rdb).Err(); err != nil {
+		b.Fatal(err)
+	}
+	keys := []string{k}
+	return func() {
+		token := rand.Text()
+		ok, err := rdb.SetArgs(ctx, k, token, redis.SetArgs{Mode: "NX", TTL: 30 * time.Second}).Result()
+		if err != nil || ok != "OK" {
+			b.Fatalf("SET NX PX: %q, %v", ok, err)
+		}
+		if n, err := unlockScript.Run(ctx, rdb, keys, token).Int(); err != nil || n != 1 {
+			b.Fatalf("release: %d, %v", n, err)
+		}
+	}
+}
+
+// fencedCycle returns the fenced floor on lock (a key with its hash tag):
+// fencedfloor's Acquire and Release with a fresh random token.
+func fencedCycle(b *testing.B, rdb *redis.Client, lock string) func() {
+	ctx := context.Background()
+	keys := []string{lock, lock + ":fence"}
+	return func() {
+		token := rand.Text()
+		v, err := fencedfloor.Acquire.Run(ctx, rdb, keys, token, 30000).Slice()
+		if err != nil || len(v) != 2 || v[0] != int64(1) {
+			b.Fatalf("fenced acquire: %v, %v", v, err)
+		}
+		if n, err := fencedfloor.Release.Run(ctx, rdb, keys, token, v[1]).Int(); err != nil || n != 1 {
+			b.Fatalf("fenced release: %d, %v", n, err)
+		}
+	}
+}
+
+// costLoop runs op once per iteration and reports the allocations and
+// the client and server CPU per operation (see cost).
+func costLoop(b *testing.B, op func()) {
+	b.ReportAllocs()
+	cost := startCost(b)
+	for b.Loop() {
+		op()
+	}
+	cost.report(b)
+}
+
+// interleave runs every op once per iteration, in an order that rotates
+// so that all see the same machine load, and returns each one's mean
+// latency in µs.
+func interleave(b *testing.B, ops ...func()) []float64 {
+	spent := make([]time.Duration, len(ops))
+	i := 0
+	for b.Loop() {
+		for j := range ops {
+			op := (i + j) % len(ops)
+			t0 := time.Now()
+			ops[op]()
+			spent[op] += time.Since(t0)
+		}
+		i++
+	}
+	us := make([]float64, len(ops))
+	for j, d := range spent {
+		us[j] = float64(d) / float64(b.N) / 1e3
+	}
+	return us
 }

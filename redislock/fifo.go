@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/dlock-go/dlock"
 )
 
@@ -47,6 +49,28 @@ func (b *Backend) Wait(ctx context.Context, r dlock.Request) (dlock.Grant, error
 
 // waitLock is Wait for a lock.
 func (b *Backend) waitLock(ctx context.Context, r dlock.Request) (dlock.Grant, error) {
+	lock := b.lockName(r.Key)
+	q := b.newQueued(r, lock, lockKeys(lock))
+	return b.waitQueued(ctx, r, q.route, q)
+}
+
+// queueWaiter is one waiter of a server-side queue, driven by waitQueued.
+type queueWaiter interface {
+	// step runs the queue script once. It returns a grant or, while
+	// queued, how soon to step again at the latest (0: the next heartbeat).
+	step(ctx context.Context) (dlock.Grant, time.Duration, error)
+	// handed returns the grant a hand-off message gives the waiter at once.
+	handed(ho handoff) (dlock.Grant, bool)
+	// leave takes the waiter out of the queue when a step queued it.
+	leave(ctx context.Context)
+}
+
+// waitQueued is the wait of r's waiter w, whose wake messages carry route:
+// it steps w every heartbeat, sooner when a step says so, and takes its
+// hand-off messages until it is granted. When ctx ends, or the Backend is
+// closed, w leaves the queue and the error matches ctx.Err() or
+// dlock.ErrClosed.
+func (b *Backend) waitQueued(ctx context.Context, r dlock.Request, route string, w queueWaiter) (dlock.Grant, error) {
 	if err := b.hub.wakeReady(ctx); err != nil {
 		if errors.Is(err, errClosed) {
 			return dlock.Grant{}, errClosed
@@ -54,26 +78,23 @@ func (b *Backend) waitLock(ctx context.Context, r dlock.Request) (dlock.Grant, e
 		if ctx.Err() != nil {
 			return dlock.Grant{}, fmt.Errorf("redislock: wait %q: %w", r.Key, ctx.Err())
 		}
-		// Without the wake channel the waiter still gets the lock: its
-		// heartbeat steps serve it, only later. The steps report the
-		// server's errors.
+		// Without the wake channel the waiter's heartbeat steps still
+		// serve it, only later. The steps report the server's errors.
 	}
-	lock := b.lockName(r.Key)
-	q := b.newQueued(r, lock, lockKeys(lock))
-	w := b.hub.route(q.route)
-	defer b.hub.unroute(q.route, w)
+	wk := b.hub.route(route)
+	defer b.hub.unroute(route, wk)
 
 	beat := b.cfg.waiterTTL / 4
 	timer := time.NewTimer(beat)
 	defer timer.Stop()
 	for {
 		if b.closed.Load() {
-			q.leave(ctx)
+			w.leave(ctx)
 			return dlock.Grant{}, errClosed
 		}
-		g, next, err := q.step(ctx)
+		g, next, err := w.step(ctx)
 		if err != nil {
-			q.leave(ctx)
+			w.leave(ctx)
 			if ctx.Err() != nil {
 				return dlock.Grant{}, fmt.Errorf("redislock: wait %q: %w", r.Key, ctx.Err())
 			}
@@ -91,10 +112,10 @@ func (b *Backend) waitLock(ctx context.Context, r dlock.Request) (dlock.Grant, e
 		timer.Reset(d)
 		select {
 		case <-ctx.Done():
-			q.leave(ctx)
+			w.leave(ctx)
 			return dlock.Grant{}, fmt.Errorf("redislock: wait %q: %w", r.Key, ctx.Err())
-		case <-w.ch:
-			if g, ok := q.handed(b.hub.takeHandoff(w)); ok {
+		case <-wk.ch:
+			if g, ok := w.handed(b.hub.takeHandoff(wk)); ok {
 				return g, nil
 			}
 		case <-timer.C:
@@ -152,34 +173,50 @@ func (q *queued) handed(ho handoff) (dlock.Grant, bool) {
 
 // step runs queue.lua once. It returns the grant, or, while queued, how
 // soon the lock may free itself when this waiter is first in line (0 when
-// unknown or not first). A step abandoned by ctx is undone by its own
-// cleanup when its reply comes: a grant is released, a queue entry left.
+// unknown or not first).
 func (q *queued) step(ctx context.Context) (dlock.Grant, time.Duration, error) {
 	b, r := q.b, q.r
 	args := []any{r.Token, b.ttlArg(r.TTL), reentrantArg(r.Reentrant), q.member, q.seq,
 		ttlArg(b.cfg.waiterTTL), b.claimArg(), b.wakePrefix()}
-	run := func(ctx context.Context) (reply, error) {
-		return b.eval(ctx, queueScript, q.keys, args...)
+	var next time.Duration
+	g, err := q.send(ctx, queueScript, args, b.releaseGrant, q.exit, func(v any) (g dlock.Grant, seq string, deadline int64, err error) {
+		g, next, seq, deadline, err = parseStep(v, nil)
+		return g, seq, deadline, err
+	})
+	return g, next, err
+}
+
+// send runs one step of the waiter's queue script s with args and reads
+// its reply with parse: a grant, or the arrival and heartbeat deadline of
+// the waiter still queued. A grant counts from the step's invoke; one that
+// WithReplicas does not confirm is given back with release. A step
+// abandoned by ctx is undone by its own cleanup when its reply comes (a
+// grant given back with release, a queue entry left with exit), and send
+// waits for that (at most the waiter TTL) so that the waiter has left the
+// queue when Wait returns, as dlock.Waiter says.
+func (q *queued) send(ctx context.Context, s *redis.Script, args []any,
+	release func(context.Context, dlock.Request, uint64), exit func(context.Context),
+	parse func(any) (dlock.Grant, string, int64, error)) (dlock.Grant, error) {
+	b, r := q.b, q.r
+	call := func(ctx context.Context) (reply, error) {
+		return b.eval(ctx, s, q.keys, args...)
 	}
 	undone := make(chan struct{})
 	late := func(v reply, err error) {
 		defer close(undone)
 		if g, _, _, _, perr := parseStep(v.v, err); perr == nil && g.OK {
-			b.releaseGrant(ctx, r, g.Fence)
+			release(ctx, r, g.Fence)
 		} else if err == nil {
-			q.exit(ctx)
+			exit(ctx)
 		}
 	}
 	if err := ctx.Err(); err != nil {
-		return dlock.Grant{}, 0, b.callErr("wait", r.Key, err) // nothing sent
+		return dlock.Grant{}, b.callErr("wait", r.Key, err) // nothing sent
 	}
 	sent := time.Now()
-	v, err := guard(b, ctx, false, run, late)
+	v, err := guard(b, ctx, false, call, late)
 	if err != nil {
 		if ctx.Err() != nil {
-			// The step was sent and is still running: wait (at most the
-			// waiter TTL) until it is undone, so that the waiter has left
-			// the queue when Wait returns, as dlock.Waiter says.
 			t := time.NewTimer(b.cfg.waiterTTL)
 			select {
 			case <-undone:
@@ -187,24 +224,24 @@ func (q *queued) step(ctx context.Context) (dlock.Grant, time.Duration, error) {
 			}
 			t.Stop()
 		}
-		return dlock.Grant{}, 0, b.callErr("wait", r.Key, err)
+		return dlock.Grant{}, b.callErr("wait", r.Key, err)
 	}
-	g, next, seq, deadline, err := parseStep(v.v, nil)
+	g, seq, deadline, err := parse(v.v)
 	if err != nil {
-		return dlock.Grant{}, 0, err
+		return dlock.Grant{}, err
 	}
 	if g.OK {
 		// This step set the lock's TTL (a claim, a re-entry or a grant):
 		// the lease's validity counts from its invoke.
 		g.Since = sent
 		if err := b.replicated("wait", r.Key, v); err != nil {
-			b.releaseGrant(ctx, r, g.Fence)
-			return dlock.Grant{}, 0, err
+			release(ctx, r, g.Fence)
+			return dlock.Grant{}, err
 		}
-		return g, 0, nil
+		return g, nil
 	}
 	q.seq, q.sent, q.deadline = seq, sent, deadline
-	return g, next, nil
+	return g, nil
 }
 
 // parseStep reads queue.lua's reply: a grant, or the time until the lock

@@ -163,12 +163,9 @@ func (b *Backend) releaseShared(ctx context.Context, r dlock.Request) error {
 		return err
 	}
 	s, keys, args := b.releaseSharedCall(r)
-	run := func(ctx context.Context) (any, error) {
-		return s.Run(ctx, b.rdb, keys, args...).Result()
-	}
-	v, err := guard(b, ctx, true, run, nil)
+	v, err := b.runScript(ctx, "release", r.Key, s, keys, args)
 	if err != nil {
-		return b.callErr("release", r.Key, err)
+		return err
 	}
 	return parseRelease(v, r.Key)
 }
@@ -195,13 +192,10 @@ func (b *Backend) claimWriter(ctx context.Context, r dlock.Request) {
 	lock := b.lockName(r.Key)
 	keys := []string{lock, lock + ":x"}
 	args := []any{r.Token, b.ttlArg(r.TTL), channelName(lock)}
-	run := func(ctx context.Context) (any, error) {
-		return kindClaimScript.Run(ctx, b.rdb, keys, args...).Result()
-	}
 	// Recorded before the call: a claim whose reply is lost is withdrawn
 	// too.
 	b.writers.Store(lock+"\x00"+r.Token, struct{}{})
-	if v, err := guard(b, ctx, true, run, nil); err == nil && v == int64(0) {
+	if v, err := b.runScript(ctx, "claim", r.Key, kindClaimScript, keys, args); err == nil && v == int64(0) {
 		b.writers.Delete(lock + "\x00" + r.Token) // readers left meanwhile: no claim
 	}
 }
@@ -217,12 +211,9 @@ func (b *Backend) withdrawWriter(ctx context.Context, r dlock.Request) error {
 	}
 	keys := []string{lock, lock + ":x"}
 	args := []any{r.Token, "", channelName(lock)}
-	run := func(ctx context.Context) (any, error) {
-		return kindClaimScript.Run(ctx, b.rdb, keys, args...).Result()
-	}
-	v, err := guard(b, ctx, true, run, nil)
+	v, err := b.runScript(ctx, "release", r.Key, kindClaimScript, keys, args)
 	if err != nil {
-		return b.callErr("release", r.Key, err)
+		return err
 	}
 	if a, ok := v.([]any); ok && len(a) > 0 && a[0] == int64(codeWrongType) {
 		return wrongType(a, true)
@@ -296,12 +287,9 @@ func (b *Backend) inspectShared(ctx context.Context, op, key string, del bool) (
 	lock := b.lockName(key)
 	keys := sharedKeys(lock)
 	args := []any{reentrantArg(del), channelName(lock), b.claimArg(), b.wakePrefix()}
-	run := func(ctx context.Context) (any, error) {
-		return kindInspectScript.Run(ctx, b.rdb, keys, args...).Result()
-	}
-	v, err := guard(b, ctx, true, run, nil)
+	v, err := b.runScript(ctx, op, key, kindInspectScript, keys, args)
 	if err != nil {
-		return dlock.Info{}, false, b.callErr(op, key, err)
+		return dlock.Info{}, false, err
 	}
 	a, _ := v.([]any)
 	if len(a) == 1 && a[0] == int64(0) {

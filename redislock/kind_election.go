@@ -28,27 +28,11 @@ func (b *Backend) SetValue(ctx context.Context, r dlock.Request) error {
 	lock := b.lockName(r.Key)
 	keys := []string{lock, valueName(lock)}
 	args := []any{r.Token, fenceArg(r.Fence), r.Value}
-	run := func(ctx context.Context) (any, error) {
-		return kindValueScript.Run(ctx, b.rdb, keys, args...).Result()
-	}
-	v, err := guard(b, ctx, true, run, nil)
+	v, err := b.runScript(ctx, "set value", r.Key, kindValueScript, keys, args)
 	if err != nil {
-		return b.callErr("set value", r.Key, err)
+		return err
 	}
-	switch v := v.(type) {
-	case int64:
-		switch v {
-		case codeDone:
-			return nil
-		case codeNotHeld:
-			return notHeld("set value", r.Key)
-		}
-	case []any:
-		if len(v) > 0 && v[0] == int64(codeWrongType) {
-			return wrongType(v, true)
-		}
-	}
-	return unexpected("set value", v)
+	return parseChange(v, "set value", r.Key, false)
 }
 
 // grantValue stores the value of a fresh grant g of r (a campaign), if
@@ -77,22 +61,13 @@ type inspected struct {
 // a GET of the lock's value in the same pipeline: one round trip. After
 // NOSCRIPT it sends both again with the script's source.
 func (b *Backend) runInspect(ctx context.Context, keys []string, args []any) (inspected, error) {
-	send := func(eval bool) (*redis.Cmd, *redis.StringCmd) {
+	cmd, val := pipeScript(func(eval bool) (*redis.Cmd, *redis.StringCmd) {
 		pipe := b.rdb.Pipeline()
 		val := pipe.Get(ctx, valueName(keys[0]))
-		var cmd *redis.Cmd
-		if eval {
-			cmd = inspectScript.Eval(ctx, pipe, keys, args...)
-		} else {
-			cmd = inspectScript.EvalSha(ctx, pipe, keys, args...)
-		}
+		cmd := queueEval(ctx, pipe, inspectScript, eval, keys, args)
 		_, _ = pipe.Exec(ctx) // errors are per command
 		return cmd, val
-	}
-	cmd, val := send(false)
-	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-		cmd, val = send(true)
-	}
+	})
 	v, err := cmd.Result()
 	if err != nil {
 		return inspected{}, err

@@ -2,8 +2,6 @@ package redislock
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"strconv"
 	"time"
 
@@ -20,65 +18,10 @@ func (b *Backend) waitPermit(ctx context.Context, r dlock.Request) (dlock.Grant,
 	if err := checkShared(&r); err != nil {
 		return dlock.Grant{}, err
 	}
-	if err := b.hub.wakeReady(ctx); err != nil {
-		if errors.Is(err, errClosed) {
-			return dlock.Grant{}, errClosed
-		}
-		if ctx.Err() != nil {
-			return dlock.Grant{}, fmt.Errorf("redislock: wait %q: %w", r.Key, ctx.Err())
-		}
-		// Without the wake channel the heartbeat steps still serve the
-		// waiter, only later.
-	}
 	lock := b.lockName(r.Key)
 	keys := sharedKeys(lock)
 	pw := &permitWaiter{queued: *b.newQueued(r, lock, []string{lock, keys[1], keys[4]})}
-	w := b.hub.route(pw.route)
-	defer b.hub.unroute(pw.route, w)
-
-	beat := b.cfg.waiterTTL / 4
-	timer := time.NewTimer(beat)
-	defer timer.Stop()
-	for {
-		if b.closed.Load() {
-			pw.leave(ctx)
-			return dlock.Grant{}, errClosed
-		}
-		g, turn, err := pw.step(ctx)
-		if err == nil && !g.OK && turn {
-			sent := time.Now()
-			if g, _, err = b.tryShared(ctx, r, pw.member); err == nil && g.OK {
-				g.Since = sent
-			}
-		}
-		if err != nil {
-			pw.leave(ctx)
-			if ctx.Err() != nil {
-				return dlock.Grant{}, fmt.Errorf("redislock: wait %q: %w", r.Key, ctx.Err())
-			}
-			return dlock.Grant{}, err
-		}
-		if g.OK {
-			return g, nil
-		}
-		timer.Reset(beat)
-		select {
-		case <-ctx.Done():
-			pw.leave(ctx)
-			return dlock.Grant{}, fmt.Errorf("redislock: wait %q: %w", r.Key, ctx.Err())
-		case <-w.ch:
-			if g, ok := pw.handed(b.hub.takeHandoff(w)); ok {
-				return g, nil
-			}
-		case <-timer.C:
-		}
-		if !timer.Stop() {
-			select {
-			case <-timer.C:
-			default:
-			}
-		}
-	}
+	return b.waitQueued(ctx, r, pw.route, pw)
 }
 
 // permitWaiter is one waiter of waitPermit: a queued (its fields, and
@@ -88,58 +31,25 @@ type permitWaiter struct {
 	queued
 }
 
-// step runs kind_queue.lua once. It returns a permit a release handed to
-// this waiter (confirmed now), or whether it is the waiter's turn to try.
-// A step abandoned by ctx is undone by its own cleanup when its reply
-// comes: a permit is released, a queue entry left.
-func (pw *permitWaiter) step(ctx context.Context) (dlock.Grant, bool, error) {
+// step runs kind_queue.lua once and, when it is the waiter's turn,
+// kind_acquire.lua. It returns a permit a release handed to this waiter
+// (confirmed now) or took, and never a time to step again sooner.
+func (pw *permitWaiter) step(ctx context.Context) (dlock.Grant, time.Duration, error) {
 	b, r := pw.b, pw.r
 	args := []any{r.Token, b.ttlArg(r.TTL), pw.member, pw.seq, ttlArg(b.cfg.waiterTTL), strconv.Itoa(r.Permits)}
-	run := func(ctx context.Context) (reply, error) {
-		return b.eval(ctx, kindQueueScript, pw.keys, args...)
-	}
-	undone := make(chan struct{})
-	late := func(v reply, err error) {
-		defer close(undone)
-		if g, _, _, _, perr := parseStep(v.v, err); perr == nil && g.OK {
-			b.releaseSharedGrant(ctx, r, g.Fence)
-		} else if err == nil {
-			pw.exit(ctx)
-		}
-	}
-	if err := ctx.Err(); err != nil {
-		return dlock.Grant{}, false, b.callErr("wait", r.Key, err) // nothing sent
-	}
-	sent := time.Now()
-	v, err := guard(b, ctx, false, run, late)
-	if err != nil {
-		if ctx.Err() != nil {
-			// Sent and still running: wait (at most the waiter TTL) until it
-			// is undone, so that the waiter has left the queue on return.
-			t := time.NewTimer(b.cfg.waiterTTL)
-			select {
-			case <-undone:
-			case <-t.C:
-			}
-			t.Stop()
-		}
-		return dlock.Grant{}, false, b.callErr("wait", r.Key, err)
-	}
+	var turn bool
 	// The reply has the shape of queue.lua's; its "head" is the turn.
-	g, next, seq, deadline, err := parseStepTurn(v.v, r)
-	if err != nil {
-		return dlock.Grant{}, false, err
-	}
-	if g.OK {
-		g.Since = sent
-		if err := b.replicated("wait", r.Key, v); err != nil {
-			b.releaseSharedGrant(ctx, r, g.Fence)
-			return dlock.Grant{}, false, err
+	g, err := pw.send(ctx, kindQueueScript, args, b.releaseSharedGrant, pw.exit, func(v any) (g dlock.Grant, seq string, deadline int64, err error) {
+		g, turn, seq, deadline, err = parseStepTurn(v, r)
+		return g, seq, deadline, err
+	})
+	if err == nil && !g.OK && turn {
+		sent := time.Now()
+		if g, _, err = b.tryShared(ctx, r, pw.member); err == nil && g.OK {
+			g.Since = sent
 		}
-		return g, false, nil
 	}
-	pw.seq, pw.sent, pw.deadline = seq, sent, deadline
-	return g, next, nil
+	return g, 0, err
 }
 
 // parseStepTurn reads kind_queue.lua's reply to r's waiter: a grant, or

@@ -315,12 +315,9 @@ func (b *Backend) Refresh(ctx context.Context, r dlock.Request) error {
 		return err
 	}
 	s, keys, args := b.refreshCall(r)
-	run := func(ctx context.Context) (any, error) {
-		return s.Run(ctx, b.rdb, keys, args...).Result()
-	}
-	v, err := guard(b, ctx, true, run, nil)
+	v, err := b.runScript(ctx, "refresh", r.Key, s, keys, args)
 	if err != nil {
-		return b.callErr("refresh", r.Key, err)
+		return err
 	}
 	return parseRefresh(v, r.Key)
 }
@@ -344,12 +341,9 @@ func (b *Backend) Release(ctx context.Context, r dlock.Request) error {
 	}
 	keys, channel := lockNames(b.lockName(r.Key))
 	args := []any{r.Token, fenceArg(r.Fence), channel, b.claimArg(), b.wakePrefix()}
-	run := func(ctx context.Context) (any, error) {
-		return releaseScript.Run(ctx, b.rdb, keys, args...).Result()
-	}
-	v, err := guard(b, ctx, true, run, nil)
+	v, err := b.runScript(ctx, "release", r.Key, releaseScript, keys, args)
 	if err != nil {
-		return b.callErr("release", r.Key, err)
+		return err
 	}
 	return parseRelease(v, r.Key)
 }
@@ -553,6 +547,19 @@ func (b *Backend) callErr(op, key string, err error) error {
 	return fmt.Errorf("redislock: %s %q on %s: %w", op, key, b.server, err)
 }
 
+// runScript runs s on keys with args, bounded by ctx (see guard), and
+// returns its reply, or the failure wrapped with op and key.
+func (b *Backend) runScript(ctx context.Context, op, key string, s *redis.Script, keys []string, args []any) (any, error) {
+	run := func(ctx context.Context) (any, error) {
+		return s.Run(ctx, b.rdb, keys, args...).Result()
+	}
+	v, err := guard(b, ctx, true, run, nil)
+	if err != nil {
+		return nil, b.callErr(op, key, err)
+	}
+	return v, nil
+}
+
 // guard runs fn so that ctx bounds it (see New). With a context that
 // can end, fn runs on a helper goroutine with the context's values but not
 // its cancellation, so its command always completes (or fails) within the
@@ -614,12 +621,9 @@ func (b *Backend) Adopt(ctx context.Context, key, from, to string, fence uint64)
 		return false, fmt.Errorf("redislock: adopt %q: %w: empty token or zero fence", key, dlock.ErrInvalidOption)
 	}
 	keys := []string{b.lockName(key)}
-	run := func(ctx context.Context) (any, error) {
-		return agreeScript.Run(ctx, b.rdb, keys, from, to, strconv.FormatUint(fence, 10)).Result()
-	}
-	v, err := guard(b, ctx, true, run, nil)
+	v, err := b.runScript(ctx, "adopt", key, agreeScript, keys, []any{from, to, strconv.FormatUint(fence, 10)})
 	if err != nil {
-		return false, b.callErr("adopt", key, err)
+		return false, err
 	}
 	switch v := v.(type) {
 	case int64:

@@ -42,14 +42,9 @@ func (b *Backend) eval(ctx context.Context, s *redis.Script, keys []string, args
 		conn = node
 	}
 	waitMs := int64(b.cfg.replWait / time.Millisecond)
-	send := func(eval bool) (*redis.Cmd, *redis.Cmd) {
+	cmd, wait := pipeScript(func(eval bool) (*redis.Cmd, *redis.Cmd) {
 		pipe := conn.Pipeline()
-		var cmd *redis.Cmd
-		if eval {
-			cmd = s.Eval(ctx, pipe, keys, args...)
-		} else {
-			cmd = s.EvalSha(ctx, pipe, keys, args...)
-		}
+		cmd := queueEval(ctx, pipe, s, eval, keys, args)
 		wait := pipe.Do(ctx, "wait", b.cfg.replicas, waitMs)
 		if _, err := pipe.Exec(ctx); err != nil && cmd.Err() == nil && cmd.Val() == nil {
 			// go-redis gives up a pipeline whose retries all failed (a
@@ -59,17 +54,33 @@ func (b *Backend) eval(ctx context.Context, s *redis.Script, keys []string, args
 			wait.SetErr(err)
 		}
 		return cmd, wait
-	}
-	cmd, wait := send(false)
-	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-		cmd, wait = send(true)
-	}
+	})
 	v, err := cmd.Result()
 	if err != nil {
 		return reply{}, err
 	}
 	acks, err := wait.Int64()
 	return reply{v: v, acks: int(acks), waitErr: err}, nil
+}
+
+// pipeScript calls send, which sends a pipeline with a script in it, with
+// false (the script by EVALSHA), and again with true (by EVAL, which loads
+// it) when the script failed with NOSCRIPT. It returns send's results.
+func pipeScript[T any](send func(eval bool) (*redis.Cmd, T)) (*redis.Cmd, T) {
+	cmd, other := send(false)
+	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+		cmd, other = send(true)
+	}
+	return cmd, other
+}
+
+// queueEval queues s with keys and args in pipe: by EVAL when eval is
+// set, else by EVALSHA.
+func queueEval(ctx context.Context, pipe redis.Pipeliner, s *redis.Script, eval bool, keys []string, args []any) *redis.Cmd {
+	if eval {
+		return s.Eval(ctx, pipe, keys, args...)
+	}
+	return s.EvalSha(ctx, pipe, keys, args...)
 }
 
 // replicated reports an error matching ErrNotReplicated when r was not

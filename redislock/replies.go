@@ -69,39 +69,32 @@ func parseGrantClock(v any, err error) (dlock.Grant, int64, error) {
 	return dlock.Grant{}, 0, unexpected("acquire", v)
 }
 
-func parseRefresh(v any, key string) error {
-	switch v := v.(type) {
-	case int64:
-		switch v {
-		case codeDone:
-			return nil
-		case codeNotHeld:
-			return notHeld("refresh", key)
-		}
-	case []any:
-		if len(v) > 0 && v[0] == int64(codeWrongType) {
-			return wrongType(v, true)
-		}
-	}
-	return unexpected("refresh", v)
-}
+// parseRefresh reads refresh.lua's reply (see parseChange).
+func parseRefresh(v any, key string) error { return parseChange(v, "refresh", key, false) }
 
-// parseRelease reads release.lua's reply.
-func parseRelease(v any, key string) error {
+// parseRelease reads release.lua's reply (see parseChange), in which
+// codeStillHeld is a success too.
+func parseRelease(v any, key string) error { return parseChange(v, "release", key, true) }
+
+// parseChange reads the reply of script op that changes a grant of key:
+// nil when done (or, with stillHeld, when holds remain), an error matching
+// dlock.ErrNotHeld when the grant does not hold the lock or the key holds
+// another type, or an unexpected-reply error.
+func parseChange(v any, op, key string, stillHeld bool) error {
 	switch v := v.(type) {
 	case int64:
-		switch v {
-		case codeDone, codeStillHeld:
+		switch {
+		case v == codeDone, stillHeld && v == codeStillHeld:
 			return nil
-		case codeNotHeld:
-			return notHeld("release", key)
+		case v == codeNotHeld:
+			return notHeld(op, key)
 		}
 	case []any:
 		if len(v) > 0 && v[0] == int64(codeWrongType) {
 			return wrongType(v, true)
 		}
 	}
-	return unexpected("release", v)
+	return unexpected(op, v)
 }
 
 func notHeld(op, key string) error {

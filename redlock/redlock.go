@@ -105,7 +105,7 @@ func NewWithOptions[C redislock.Client](nodes []C, opts ...Option) *Backend {
 			b.err = fmt.Errorf("redlock: %w: node %d is nil", dlock.ErrInvalidOption, i)
 			return b
 		}
-		name := nodeName(c)
+		name, cte := describeNode(c)
 		if name == "" {
 			name = "node" + strconv.Itoa(i)
 		}
@@ -123,7 +123,7 @@ func NewWithOptions[C redislock.Client](nodes []C, opts ...Option) *Backend {
 		names[name] = true
 		b.names = append(b.names, name)
 		b.rdbs = append(b.rdbs, c)
-		b.cte = append(b.cte, contextTimeouts(c))
+		b.cte = append(b.cte, cte)
 		b.all = append(b.all, i)
 	}
 	for i, c := range b.rdbs {
@@ -137,30 +137,23 @@ func NewWithOptions[C redislock.Client](nodes []C, opts ...Option) *Backend {
 	return b
 }
 
-// nodeName returns the address of the server behind c, or "" when c does
-// not tell (a Sentinel-managed client reports "FailoverClient").
-func nodeName(c redislock.Client) string {
+// describeNode returns the address of the server behind c, "" when c
+// does not tell (a Sentinel-managed client reports "FailoverClient"), and
+// whether c bounds socket I/O by a context's deadline (go-redis
+// ContextTimeoutEnabled).
+func describeNode(c redislock.Client) (string, bool) {
 	switch c := c.(type) {
 	case interface{ Options() *redis.Options }:
-		if a := c.Options().Addr; a != "FailoverClient" {
-			return a
+		o := c.Options()
+		if o.Addr == "FailoverClient" {
+			return "", o.ContextTimeoutEnabled
 		}
+		return o.Addr, o.ContextTimeoutEnabled
 	case interface{ Options() *redis.ClusterOptions }:
-		return strings.Join(c.Options().Addrs, ",")
+		o := c.Options()
+		return strings.Join(o.Addrs, ","), o.ContextTimeoutEnabled
 	}
-	return ""
-}
-
-// contextTimeouts reports whether c bounds socket I/O by a context's
-// deadline (go-redis ContextTimeoutEnabled).
-func contextTimeouts(c redislock.Client) bool {
-	switch c := c.(type) {
-	case interface{ Options() *redis.Options }:
-		return c.Options().ContextTimeoutEnabled
-	case interface{ Options() *redis.ClusterOptions }:
-		return c.Options().ContextTimeoutEnabled
-	}
-	return false
+	return "", false
 }
 
 // Err returns the configuration error recorded by NewWithOptions, or nil.
