@@ -104,13 +104,7 @@ func (r *report) markdown() string {
 	}
 	w("\n")
 	// Why a target was not met: remarks added by hand after the run.
-	if len(r.notes["targets"]) > 0 {
-		w("Targets not met, and why as far as measured (remarks added after the run; each is left for a follow-up):\n\n")
-		for _, n := range r.notes["targets"] {
-			w("- %s\n", n)
-		}
-		w("\n")
-	}
+	writeList(&b, "Targets not met, and why as far as measured (remarks added after the run; each is left for a follow-up):", r.notes["targets"])
 
 	for _, res := range r.results {
 		r.writeScenario(&b, res)
@@ -125,6 +119,8 @@ func (r *report) markdown() string {
 	return b.String()
 }
 
+// writeScenario writes res's section: its table, best peers, incomplete
+// fills and failed runs, notes, charts and the subjects not measured.
 func (r *report) writeScenario(b *strings.Builder, res *result) {
 	w := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
 	sc := res.sc
@@ -138,96 +134,18 @@ func (r *report) writeScenario(b *strings.Builder, res *result) {
 		}
 	}
 	if len(measured) > 0 {
-		floor := res.floor()
-		head := []string{"backend", "server"}
-		if sc.id == "S3" {
-			head = append(head, "waits by")
-		}
-		for _, col := range sc.columns {
-			head = append(head, col.head)
-			if col.ratio {
-				head = append(head, "× floor", "× best peer")
-			}
-		}
-		w("| %s |\n|%s\n", strings.Join(head, " | "), strings.Repeat("---|", len(head)))
-		for _, o := range measured {
-			name := o.s.name
-			if n := kindName(sc.id, o.s); n != "" {
-				name = n
-			}
-			if o.s.role == roleDlock {
-				name = "**" + name + "**"
-			}
-			row := []string{name, o.s.server.String()}
-			if sc.id == "S3" {
-				row = append(row, o.s.waitMode)
-			}
-			for _, col := range sc.columns {
-				v := o.value(col.key)
-				row = append(row, num(v, col.digits))
-				if col.ratio {
-					row = append(row, ratio(v, floor.value(col.key)))
-					if best := res.bestPeer(o.s.server, col); best != nil {
-						row = append(row, ratio(v, best.value(col.key)))
-					} else {
-						row = append(row, "—")
-					}
-				}
-			}
-			w("| %s |\n", strings.Join(row, " | "))
-		}
-		w("\n")
-		for _, col := range sc.columns {
-			if !col.ratio {
-				continue
-			}
-			var bests []string
-			for _, srv := range []server{srvRedis, srvRedis5, srvEtcd, srvZK} {
-				if best := res.bestPeer(srv, col); best != nil {
-					bests = append(bests, fmt.Sprintf("%s: %s", srv, best.s.name))
-				}
-			}
-			if len(bests) > 0 {
-				w("Best peer by %s — %s.\n\n", col.head, strings.Join(bests, "; "))
-			}
+		writeTable(b, res, measured)
+		writeBestPeers(b, res)
+		if sc.id == "S5" {
+			writeList(b, "Incomplete fills:", r.incompleteFills(measured))
 		}
 		var failed []string
-		if sc.id == "S5" {
-			for _, o := range measured {
-				n, want := o.value("leases"), float64(r.c.s5Leases)
-				if n >= want && !(o.value("fill errors") > 0) {
-					continue
-				}
-				line := fmt.Sprintf("%s took %s of %s leases in %s s (the fill stops after %s)", o.s.name, num(n, 0), num(want, 0), num(o.value("fill s"), 0), r.c.s5FillMax)
-				if fe := o.value("fill errors"); fe > 0 {
-					line += fmt.Sprintf("; %s acquisitions failed", num(fe, 0))
-					if st := o.value("fill stalls"); st > 0 {
-						line += fmt.Sprintf(", %s of them stalled (no return within %s)", num(st, 0), opTimeout)
-					}
-				}
-				failed = append(failed, line)
-			}
-			if len(failed) > 0 {
-				w("Incomplete fills:\n\n")
-				for _, f := range failed {
-					w("- %s\n", f)
-				}
-				w("\n")
-				failed = nil
-			}
-		}
 		for _, o := range measured {
 			if len(o.errs) > 0 {
 				failed = append(failed, fmt.Sprintf("%s: %d failed run(s), first: %s", o.s.name, len(o.errs), o.errs[0]))
 			}
 		}
-		if len(failed) > 0 {
-			w("Failed runs (left out of the medians):\n\n")
-			for _, f := range failed {
-				w("- %s\n", f)
-			}
-			w("\n")
-		}
+		writeList(b, "Failed runs (left out of the medians):", failed)
 	}
 	for _, n := range r.notes[sc.id] {
 		w("Note: %s\n\n", n)
@@ -237,22 +155,124 @@ func (r *report) writeScenario(b *strings.Builder, res *result) {
 			w("![%s](%s)\n\n", c.title, c.path)
 		}
 	}
-	if len(skipped) > 0 {
-		// One line per reason, naming every subject it applies to.
-		var reasons []string
-		who := map[string][]string{}
-		for _, o := range skipped {
-			if who[o.skip] == nil {
-				reasons = append(reasons, o.skip)
-			}
-			who[o.skip] = append(who[o.skip], o.s.name)
-		}
-		w("Not measured:\n\n")
-		for _, why := range reasons {
-			w("- %s: %s\n", strings.Join(who[why], ", "), why)
-		}
-		w("\n")
+	writeNotMeasured(b, skipped)
+}
+
+// writeTable writes the table of res's measured outcomes: one row per
+// subject, each column with its ratios to the floor and the best peer
+// where the column asks for them.
+func writeTable(b *strings.Builder, res *result, measured []*outcome) {
+	sc := res.sc
+	floor := res.floor()
+	head := []string{"backend", "server"}
+	if sc.id == "S3" {
+		head = append(head, "waits by")
 	}
+	for _, col := range sc.columns {
+		head = append(head, col.head)
+		if col.ratio {
+			head = append(head, "× floor", "× best peer")
+		}
+	}
+	fmt.Fprintf(b, "| %s |\n|%s\n", strings.Join(head, " | "), strings.Repeat("---|", len(head)))
+	for _, o := range measured {
+		name := o.s.name
+		if n := kindName(sc.id, o.s); n != "" {
+			name = n
+		}
+		if o.s.role == roleDlock {
+			name = "**" + name + "**"
+		}
+		row := []string{name, o.s.server.String()}
+		if sc.id == "S3" {
+			row = append(row, o.s.waitMode)
+		}
+		for _, col := range sc.columns {
+			v := o.value(col.key)
+			row = append(row, num(v, col.digits))
+			if col.ratio {
+				row = append(row, ratio(v, floor.value(col.key)))
+				if best := res.bestPeer(o.s.server, col); best != nil {
+					row = append(row, ratio(v, best.value(col.key)))
+				} else {
+					row = append(row, "—")
+				}
+			}
+		}
+		fmt.Fprintf(b, "| %s |\n", strings.Join(row, " | "))
+	}
+	b.WriteString("\n")
+}
+
+// writeBestPeers writes, for each ratio column of res, the best peer on
+// each kind of server.
+func writeBestPeers(b *strings.Builder, res *result) {
+	for _, col := range res.sc.columns {
+		if !col.ratio {
+			continue
+		}
+		var bests []string
+		for _, srv := range []server{srvRedis, srvRedis5, srvEtcd, srvZK} {
+			if best := res.bestPeer(srv, col); best != nil {
+				bests = append(bests, fmt.Sprintf("%s: %s", srv, best.s.name))
+			}
+		}
+		if len(bests) > 0 {
+			fmt.Fprintf(b, "Best peer by %s — %s.\n\n", col.head, strings.Join(bests, "; "))
+		}
+	}
+}
+
+// incompleteFills returns one line per S5 subject of measured that took
+// fewer leases than asked or saw acquisitions fail.
+func (r *report) incompleteFills(measured []*outcome) []string {
+	var lines []string
+	for _, o := range measured {
+		n, want := o.value("leases"), float64(r.c.s5Leases)
+		if n >= want && !(o.value("fill errors") > 0) {
+			continue
+		}
+		line := fmt.Sprintf("%s took %s of %s leases in %s s (the fill stops after %s)", o.s.name, num(n, 0), num(want, 0), num(o.value("fill s"), 0), r.c.s5FillMax)
+		if fe := o.value("fill errors"); fe > 0 {
+			line += fmt.Sprintf("; %s acquisitions failed", num(fe, 0))
+			if st := o.value("fill stalls"); st > 0 {
+				line += fmt.Sprintf(", %s of them stalled (no return within %s)", num(st, 0), opTimeout)
+			}
+		}
+		lines = append(lines, line)
+	}
+	return lines
+}
+
+// writeList writes title and lines as a bullet list; nothing if lines is
+// empty.
+func writeList(b *strings.Builder, title string, lines []string) {
+	if len(lines) == 0 {
+		return
+	}
+	fmt.Fprintf(b, "%s\n\n", title)
+	for _, l := range lines {
+		fmt.Fprintf(b, "- %s\n", l)
+	}
+	b.WriteString("\n")
+}
+
+// writeNotMeasured writes one line per reason a subject of skipped was not
+// measured, naming every subject it applies to.
+func writeNotMeasured(b *strings.Builder, skipped []*outcome) {
+	var reasons []string
+	who := map[string][]string{}
+	for _, o := range skipped {
+		if who[o.skip] == nil {
+			reasons = append(reasons, o.skip)
+		}
+		who[o.skip] = append(who[o.skip], o.s.name)
+	}
+	lines := make([]string, len(reasons))
+	for i, why := range reasons {
+		lines[i] = strings.Join(who[why], ", ") + ": " + why
+	}
+	writeList(b, "Not measured:", lines)
 }
 
 func ratio(v, base float64) string {
@@ -373,34 +393,44 @@ func verdict(ok bool) string {
 	return notMet
 }
 
+// targets returns the rows of the Targets table, scenario by scenario in
+// the order of the page.
 func (r *report) targets() []target {
-	var ts []target
-	notMeasured := func(what, why string) { ts = append(ts, notMeasuredTarget(what, why)) }
+	s1, s3 := r.result("S1"), r.result("S3")
+	ts := s1Targets(s1)
+	ts = append(ts, s3Targets(s3)...)
+	ts = append(ts, r.s4Targets(r.result("S4"))...)
+	ts = append(ts, r.s5Targets(r.result("S5"))...)
+	ts = append(ts, peerTargets(s1, s3)...)
+	if s3 != nil {
+		ts = append(ts, exclusionTarget(s3))
+	}
+	return append(ts, r.kindTargets()...)
+}
 
-	// S1
-	s1 := r.result("S1")
-	{
-		what := "S1: dlock redislock ≥ 0.9× the raw floor and ≥ 1.0× the fastest peer (ops/s)"
-		d, f := s1.measured("redislock"), s1.measured("floor")
-		col := column{key: "ops/s"}
-		var p *outcome
-		if s1 != nil {
-			p = s1.bestPeer(srvRedis, col)
-		}
-		switch {
-		case d == nil:
-			notMeasured(what, s1.why("redislock"))
-		case f == nil || p == nil:
-			notMeasured(what, "floor or peers not measured")
-		default:
-			rf, rp := d.value("ops/s")/f.value("ops/s"), d.value("ops/s")/p.value("ops/s")
-			ts = append(ts, target{what,
-				fmt.Sprintf("%s ops/s = %.2f× floor (%s), %.2f× %s (%s)", num(d.value("ops/s"), 0), rf, num(f.value("ops/s"), 0), rp, p.s.name, num(p.value("ops/s"), 0)),
-				verdict(rf >= 0.9 && rp >= 1.0)})
-		}
+// s1Targets returns S1's rows: redislock against the raw floor and the
+// fastest peer, and, for information, against the fenced floor.
+func s1Targets(s1 *result) []target {
+	var ts []target
+	what := "S1: dlock redislock ≥ 0.9× the raw floor and ≥ 1.0× the fastest peer (ops/s)"
+	d, f := s1.measured("redislock"), s1.measured("floor")
+	var p *outcome
+	if s1 != nil {
+		p = s1.bestPeer(srvRedis, column{key: "ops/s"})
+	}
+	switch {
+	case d == nil:
+		ts = append(ts, notMeasuredTarget(what, s1.why("redislock")))
+	case f == nil || p == nil:
+		ts = append(ts, notMeasuredTarget(what, "floor or peers not measured"))
+	default:
+		rf, rp := d.value("ops/s")/f.value("ops/s"), d.value("ops/s")/p.value("ops/s")
+		ts = append(ts, target{what,
+			fmt.Sprintf("%s ops/s = %.2f× floor (%s), %.2f× %s (%s)", num(d.value("ops/s"), 0), rf, num(f.value("ops/s"), 0), rp, p.s.name, num(p.value("ops/s"), 0)),
+			verdict(rf >= 0.9 && rp >= 1.0)})
 	}
 
-	if d, ff, f := s1.measured("redislock"), s1.measured("fenced-floor"), s1.measured("floor"); d != nil && ff != nil {
+	if ff := s1.measured("fenced-floor"); d != nil && ff != nil {
 		// Information: how much of the gap to the raw floor is fencing.
 		fig := fmt.Sprintf("dlock redislock %s ops/s = %.2f× the fenced floor (%s ops/s)",
 			num(d.value("ops/s"), 0), d.value("ops/s")/ff.value("ops/s"), num(ff.value("ops/s"), 0))
@@ -409,166 +439,188 @@ func (r *report) targets() []target {
 		}
 		ts = append(ts, target{"S1 (for information, no target): dlock redislock against the fenced floor (ops/s)", fig, "—"})
 	}
+	return ts
+}
 
-	// S3
-	s3 := r.result("S3")
-	{
-		fifo := s3.measured("redislock-fifo")
-		var p *outcome
-		if s3 != nil {
-			p = s3.bestPeer(srvRedis, column{key: "handoffs/s"})
-		}
-		fl := s3.measured("floor")
-		what1 := "S3: FIFO hand-offs/s ≥ 2× the best Redis peer"
-		what2 := "S3: FIFO hand-offs/s ≥ 2× the polling baseline (floor, 2 ms)"
-		what3 := "S3: Jain's index ≥ 0.99 in FIFO mode"
-		what4 := "S3: ≤ 4 client requests per acquisition, release included (FIFO)"
-		what5 := "S3: p99 wait ≤ 2× the ideal FIFO wait (16 × mean cycle)"
-		if fifo == nil {
-			reason := s3.why("redislock-fifo")
-			for _, w := range []string{what1, what2, what3, what4, what5} {
-				notMeasured(w, reason)
-			}
-		} else {
-			h := fifo.value("handoffs/s")
-			if p != nil {
-				ts = append(ts, target{what1, fmt.Sprintf("%s/s = %.2f× %s (%s/s)", num(h, 0), h/p.value("handoffs/s"), p.s.name, num(p.value("handoffs/s"), 0)), verdict(h >= 2*p.value("handoffs/s"))})
-			} else {
-				notMeasured(what1, "no Redis peer measured")
-			}
-			if fl != nil {
-				ts = append(ts, target{what2, fmt.Sprintf("%s/s = %.2f× floor (%s/s)", num(h, 0), h/fl.value("handoffs/s"), num(fl.value("handoffs/s"), 0)), verdict(h >= 2*fl.value("handoffs/s"))})
-			} else {
-				notMeasured(what2, "floor not measured")
-			}
-			j := fifo.value("jain")
-			ts = append(ts, target{what3, fmt.Sprintf("%.3f", j), verdict(j >= 0.99)})
-			q := fifo.value("req/op")
-			ts = append(ts, target{what4, fmt.Sprintf("%.2f", q), verdict(q <= 4)})
-			p99, ideal := fifo.value("p99 wait"), fifo.value("ideal wait")
-			ts = append(ts, target{what5, fmt.Sprintf("p99 %.1f ms, ideal %.1f ms (%.2f×)", p99, ideal, p99/ideal), verdict(p99 <= 2*ideal)})
-		}
-		if d := s3.measured("redislock"); d != nil {
-			// Information: the notification mode against the same bars.
-			h := d.value("handoffs/s")
-			fig := fmt.Sprintf("%s hand-offs/s, Jain %.3f, %.2f req/acq", num(h, 0), d.value("jain"), d.value("req/op"))
-			if p != nil {
-				fig += fmt.Sprintf(", %.2f× %s", h/p.value("handoffs/s"), p.s.name)
-			}
-			ts = append(ts, target{"S3 (for information, no target): dlock redislock in notification mode", fig, "—"})
-		}
-	}
-
-	// S4
-	s4 := r.result("S4")
-	if s4 != nil {
-		for _, o := range s4.outs {
-			if o.s.role != roleDlock {
-				continue
-			}
-			what := fmt.Sprintf("S4: %s — a waiter acquires within TTL + 50 ms of the crash", o.s.name)
-			// A failed run is a waiter that did not get the lock: the
-			// target is not met, whatever the other runs did.
-			failed := ""
-			if len(o.errs) > 0 {
-				failed = fmt.Sprintf("%d of %d runs failed: %s", len(o.errs), len(o.errs)+len(o.runs), o.errs[0])
-			}
-			if o.med == nil {
-				if failed != "" {
-					ts = append(ts, target{what, failed, notMet})
-				} else {
-					notMeasured(what, o.skip)
-				}
-				continue
-			}
-			limit := float64((r.c.s4TTL + 50*time.Millisecond) / time.Millisecond)
-			mx := o.value("recovery max")
-			fig := fmt.Sprintf("median %s ms, max %s ms (limit %s ms)", num(o.value("recovery ms"), 0), num(mx, 0), num(limit, 0))
-			if failed != "" {
-				fig += "; " + failed
-			}
-			ts = append(ts, target{what, fig, verdict(mx <= limit && failed == "")})
-		}
-	} else {
-		notMeasured("S4: a waiter acquires within TTL + 50 ms of the crash", "scenario not run")
-	}
-
-	// S5
-	s5 := r.result("S5")
-	if s5 != nil {
-		for _, o := range s5.outs {
-			if o.s.role != roleDlock {
-				continue
-			}
-			if o.med == nil {
-				what := fmt.Sprintf("S5: %s — batched renewal, ≤ 1 KiB heap per lease, none lost", o.s.name)
-				if len(o.errs) > 0 {
-					ts = append(ts, target{what, "every run failed: " + o.errs[0], notMet})
-				} else {
-					notMeasured(what, o.skip)
-				}
-				continue
-			}
-			// The targets are for c.s5Leases leases: with fewer taken,
-			// none is met, whatever the figures of the smaller count.
-			n := o.value("leases")
-			short := ""
-			if want := float64(r.c.s5Leases); n < want {
-				short = fmt.Sprintf(" — only %s of %s leases taken in the %s fill limit", num(n, 0), num(want, 0), r.c.s5FillMax)
-			}
-			lost := o.value("lost")
-			if !math.IsNaN(o.value("rt/1k/tick")) {
-				v := o.value("rt/1k/tick")
-				fig := fmt.Sprintf("%.2f (%s round trips/s for %s leases)", v, num(o.value("rt/s"), 1), num(n, 0)) + short
-				if lost > 0 {
-					// A lost lease is no longer renewed: the figure
-					// understates the cost of keeping them all.
-					fig += fmt.Sprintf("; %s of them lost, no longer renewed", num(lost, 0))
-				}
-				ts = append(ts, target{fmt.Sprintf("S5: %s — ≤ 1 round trip per server per 1,000 leases per tick", o.s.name),
-					fig, verdict(v <= 1 && short == "" && !(lost > 0))})
-			}
-			hb := o.value("heap B/l")
-			ts = append(ts, target{fmt.Sprintf("S5: %s — client heap ≤ 1 KiB per lease", o.s.name),
-				fmt.Sprintf("%s B/lease (+ %s B/lease of goroutine stacks)", num(hb, 0), num(o.value("stack B/l"), 0)) + short, verdict(hb <= 1024 && short == "")})
-			fig := fmt.Sprintf("%s of %s lost", num(lost, 0), num(n, 0))
-			if at := o.value("lost at fill"); at > 0 {
-				fig += fmt.Sprintf(" (%s of them already at the end of the fill)", num(at, 0))
-			}
-			ok := lost == 0 && short == ""
-			if on := o.value("on server"); !math.IsNaN(on) {
-				fig += fmt.Sprintf("; %s held on the server", num(on, 0))
-				ok = ok && on == o.value("leases")
-			}
-			fig += short
-			ts = append(ts, target{fmt.Sprintf("S5: %s — no lease lost", o.s.name), fig, verdict(ok)})
-		}
-	} else {
-		notMeasured("S5: batched renewal, heap ≤ 1 KiB per lease, none lost", "scenario not run")
-	}
-
-	// etcd and Redlock
-	ts = append(ts, versus(s3, "etcdlock", "etcd-mutex", "etcd: dlock etcdlock hand-offs/s ≥ 5× concurrency.Mutex (S3)", func(d, p *outcome) (string, bool) {
-		v := d.value("handoffs/s") / p.value("handoffs/s")
-		return fmt.Sprintf("%s vs %s hand-offs/s = %.2f×", num(d.value("handoffs/s"), 0), num(p.value("handoffs/s"), 0), v), v >= 5
-	}))
-	ts = append(ts, versus(s1, "redlock", "redsync5", "Redlock(5): dlock redlock ≥ 2× redsync(5) in S1 (ops/s)", func(d, p *outcome) (string, bool) {
-		v := d.value("ops/s") / p.value("ops/s")
-		return fmt.Sprintf("%s vs %s ops/s = %.2f×", num(d.value("ops/s"), 0), num(p.value("ops/s"), 0), v), v >= 2
-	}))
-	// Safety, whatever the speed: no two holders at once in S3.
+// s3Targets returns S3's rows: the FIFO mode's hand-offs, fairness,
+// requests and waits, and, for information, the notification mode.
+func s3Targets(s3 *result) []target {
+	fifo := s3.measured("redislock-fifo")
+	var p *outcome
 	if s3 != nil {
-		var bad []string
-		for _, o := range s3.outs {
-			if o.med != nil && o.value("overlaps max") > 0 {
-				bad = append(bad, o.s.name)
-			}
-		}
-		fig := "0 overlaps for every subject"
-		if len(bad) > 0 {
-			fig = "overlaps seen: " + strings.Join(bad, ", ")
-		}
-		ts = append(ts, target{"S3: mutual exclusion (no acquisition while another goroutine is inside)", fig, verdict(len(bad) == 0)})
+		p = s3.bestPeer(srvRedis, column{key: "handoffs/s"})
 	}
-	return append(ts, r.kindTargets()...)
+	ts := s3FIFOTargets(s3, fifo, p)
+	if d := s3.measured("redislock"); d != nil {
+		// Information: the notification mode against the same bars.
+		h := d.value("handoffs/s")
+		fig := fmt.Sprintf("%s hand-offs/s, Jain %.3f, %.2f req/acq", num(h, 0), d.value("jain"), d.value("req/op"))
+		if p != nil {
+			fig += fmt.Sprintf(", %.2f× %s", h/p.value("handoffs/s"), p.s.name)
+		}
+		ts = append(ts, target{"S3 (for information, no target): dlock redislock in notification mode", fig, "—"})
+	}
+	return ts
+}
+
+// s3FIFOTargets returns the five rows of S3's FIFO mode, fifo's outcome
+// against the best Redis peer p and the polling floor.
+func s3FIFOTargets(s3 *result, fifo, p *outcome) []target {
+	what1 := "S3: FIFO hand-offs/s ≥ 2× the best Redis peer"
+	what2 := "S3: FIFO hand-offs/s ≥ 2× the polling baseline (floor, 2 ms)"
+	what3 := "S3: Jain's index ≥ 0.99 in FIFO mode"
+	what4 := "S3: ≤ 4 client requests per acquisition, release included (FIFO)"
+	what5 := "S3: p99 wait ≤ 2× the ideal FIFO wait (16 × mean cycle)"
+	var ts []target
+	if fifo == nil {
+		reason := s3.why("redislock-fifo")
+		for _, w := range []string{what1, what2, what3, what4, what5} {
+			ts = append(ts, notMeasuredTarget(w, reason))
+		}
+		return ts
+	}
+	h := fifo.value("handoffs/s")
+	if p != nil {
+		ts = append(ts, target{what1, fmt.Sprintf("%s/s = %.2f× %s (%s/s)", num(h, 0), h/p.value("handoffs/s"), p.s.name, num(p.value("handoffs/s"), 0)), verdict(h >= 2*p.value("handoffs/s"))})
+	} else {
+		ts = append(ts, notMeasuredTarget(what1, "no Redis peer measured"))
+	}
+	if fl := s3.measured("floor"); fl != nil {
+		ts = append(ts, target{what2, fmt.Sprintf("%s/s = %.2f× floor (%s/s)", num(h, 0), h/fl.value("handoffs/s"), num(fl.value("handoffs/s"), 0)), verdict(h >= 2*fl.value("handoffs/s"))})
+	} else {
+		ts = append(ts, notMeasuredTarget(what2, "floor not measured"))
+	}
+	j := fifo.value("jain")
+	ts = append(ts, target{what3, fmt.Sprintf("%.3f", j), verdict(j >= 0.99)})
+	q := fifo.value("req/op")
+	ts = append(ts, target{what4, fmt.Sprintf("%.2f", q), verdict(q <= 4)})
+	p99, ideal := fifo.value("p99 wait"), fifo.value("ideal wait")
+	return append(ts, target{what5, fmt.Sprintf("p99 %.1f ms, ideal %.1f ms (%.2f×)", p99, ideal, p99/ideal), verdict(p99 <= 2*ideal)})
+}
+
+// perDlockSubject returns the rows row makes of the outcome of every dlock
+// subject of res; if res did not run, one row what, not measured.
+func perDlockSubject(res *result, what string, row func(o *outcome) []target) []target {
+	if res == nil {
+		return []target{notMeasuredTarget(what, "scenario not run")}
+	}
+	var ts []target
+	for _, o := range res.outs {
+		if o.s.role == roleDlock {
+			ts = append(ts, row(o)...)
+		}
+	}
+	return ts
+}
+
+// s4Targets returns S4's rows: one per dlock subject, its recovery after
+// the holder's crash against TTL + 50 ms.
+func (r *report) s4Targets(s4 *result) []target {
+	return perDlockSubject(s4, "S4: a waiter acquires within TTL + 50 ms of the crash", r.s4SubjectTarget)
+}
+
+// s4SubjectTarget returns the S4 row of dlock subject o.
+func (r *report) s4SubjectTarget(o *outcome) []target {
+	what := fmt.Sprintf("S4: %s — a waiter acquires within TTL + 50 ms of the crash", o.s.name)
+	// A failed run is a waiter that did not get the lock: the target is
+	// not met, whatever the other runs did.
+	failed := ""
+	if len(o.errs) > 0 {
+		failed = fmt.Sprintf("%d of %d runs failed: %s", len(o.errs), len(o.errs)+len(o.runs), o.errs[0])
+	}
+	if o.med == nil {
+		if failed != "" {
+			return []target{{what, failed, notMet}}
+		}
+		return []target{notMeasuredTarget(what, o.skip)}
+	}
+	limit := float64((r.c.s4TTL + 50*time.Millisecond) / time.Millisecond)
+	mx := o.value("recovery max")
+	fig := fmt.Sprintf("median %s ms, max %s ms (limit %s ms)", num(o.value("recovery ms"), 0), num(mx, 0), num(limit, 0))
+	if failed != "" {
+		fig += "; " + failed
+	}
+	return []target{{what, fig, verdict(mx <= limit && failed == "")}}
+}
+
+// s5Targets returns S5's rows: for each dlock subject, its renewal round
+// trips, heap per lease and lost leases.
+func (r *report) s5Targets(s5 *result) []target {
+	return perDlockSubject(s5, "S5: batched renewal, heap ≤ 1 KiB per lease, none lost", r.s5SubjectTargets)
+}
+
+// s5SubjectTargets returns the S5 rows of dlock subject o.
+func (r *report) s5SubjectTargets(o *outcome) []target {
+	if o.med == nil {
+		what := fmt.Sprintf("S5: %s — batched renewal, ≤ 1 KiB heap per lease, none lost", o.s.name)
+		if len(o.errs) > 0 {
+			return []target{{what, "every run failed: " + o.errs[0], notMet}}
+		}
+		return []target{notMeasuredTarget(what, o.skip)}
+	}
+	var ts []target
+	// The targets are for c.s5Leases leases: with fewer taken,
+	// none is met, whatever the figures of the smaller count.
+	n := o.value("leases")
+	short := ""
+	if want := float64(r.c.s5Leases); n < want {
+		short = fmt.Sprintf(" — only %s of %s leases taken in the %s fill limit", num(n, 0), num(want, 0), r.c.s5FillMax)
+	}
+	lost := o.value("lost")
+	if !math.IsNaN(o.value("rt/1k/tick")) {
+		v := o.value("rt/1k/tick")
+		fig := fmt.Sprintf("%.2f (%s round trips/s for %s leases)", v, num(o.value("rt/s"), 1), num(n, 0)) + short
+		if lost > 0 {
+			// A lost lease is no longer renewed: the figure
+			// understates the cost of keeping them all.
+			fig += fmt.Sprintf("; %s of them lost, no longer renewed", num(lost, 0))
+		}
+		ts = append(ts, target{fmt.Sprintf("S5: %s — ≤ 1 round trip per server per 1,000 leases per tick", o.s.name),
+			fig, verdict(v <= 1 && short == "" && !(lost > 0))})
+	}
+	hb := o.value("heap B/l")
+	ts = append(ts, target{fmt.Sprintf("S5: %s — client heap ≤ 1 KiB per lease", o.s.name),
+		fmt.Sprintf("%s B/lease (+ %s B/lease of goroutine stacks)", num(hb, 0), num(o.value("stack B/l"), 0)) + short, verdict(hb <= 1024 && short == "")})
+	fig := fmt.Sprintf("%s of %s lost", num(lost, 0), num(n, 0))
+	if at := o.value("lost at fill"); at > 0 {
+		fig += fmt.Sprintf(" (%s of them already at the end of the fill)", num(at, 0))
+	}
+	ok := lost == 0 && short == ""
+	if on := o.value("on server"); !math.IsNaN(on) {
+		fig += fmt.Sprintf("; %s held on the server", num(on, 0))
+		ok = ok && on == o.value("leases")
+	}
+	fig += short
+	return append(ts, target{fmt.Sprintf("S5: %s — no lease lost", o.s.name), fig, verdict(ok)})
+}
+
+// peerTargets returns the rows of dlock's etcd and Redlock backends
+// against their peers (etcd's concurrency.Mutex, redsync).
+func peerTargets(s1, s3 *result) []target {
+	return []target{
+		versus(s3, "etcdlock", "etcd-mutex", "etcd: dlock etcdlock hand-offs/s ≥ 5× concurrency.Mutex (S3)", func(d, p *outcome) (string, bool) {
+			v := d.value("handoffs/s") / p.value("handoffs/s")
+			return fmt.Sprintf("%s vs %s hand-offs/s = %.2f×", num(d.value("handoffs/s"), 0), num(p.value("handoffs/s"), 0), v), v >= 5
+		}),
+		versus(s1, "redlock", "redsync5", "Redlock(5): dlock redlock ≥ 2× redsync(5) in S1 (ops/s)", func(d, p *outcome) (string, bool) {
+			v := d.value("ops/s") / p.value("ops/s")
+			return fmt.Sprintf("%s vs %s ops/s = %.2f×", num(d.value("ops/s"), 0), num(p.value("ops/s"), 0), v), v >= 2
+		}),
+	}
+}
+
+// exclusionTarget returns S3's safety row, whatever the speed: no subject
+// saw two holders at once.
+func exclusionTarget(s3 *result) target {
+	var bad []string
+	for _, o := range s3.outs {
+		if o.med != nil && o.value("overlaps max") > 0 {
+			bad = append(bad, o.s.name)
+		}
+	}
+	fig := "0 overlaps for every subject"
+	if len(bad) > 0 {
+		fig = "overlaps seen: " + strings.Join(bad, ", ")
+	}
+	return target{"S3: mutual exclusion (no acquisition while another goroutine is inside)", fig, verdict(len(bad) == 0)}
 }

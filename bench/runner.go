@@ -110,24 +110,7 @@ func (r *result) bestPeer(srv server, col column) *outcome {
 func runScenario(e *env, c config, sc *scenario, subs []*subject, logf func(string, ...any)) *result {
 	start := time.Now()
 	res := &result{sc: sc}
-	var live []*outcome
-	for _, s := range subs {
-		o := &outcome{s: s}
-		res.outs = append(res.outs, o)
-		if why := sc.applies(s); why != "" {
-			o.skip = why
-			continue
-		}
-		if why := s.reason(); why != "" {
-			o.skip = why
-			continue
-		}
-		if err := e.need(s.server); err != nil {
-			o.skip = "server did not start: " + err.Error()
-			continue
-		}
-		live = append(live, o)
-	}
+	live := res.applicable(e, subs)
 	if len(live) == 0 {
 		return res
 	}
@@ -145,6 +128,41 @@ func runScenario(e *env, c config, sc *scenario, subs []*subject, logf func(stri
 			}
 		}()
 	}
+	measureRuns(e, c, sc, live, logf)
+	for _, o := range live {
+		o.summarize(sc)
+	}
+	res.duration = time.Since(start)
+	return res
+}
+
+// applicable adds an outcome to res for every subject of subs and returns
+// those to measure; the others carry the reason they are skipped.
+func (res *result) applicable(e *env, subs []*subject) []*outcome {
+	var live []*outcome
+	for _, s := range subs {
+		o := &outcome{s: s}
+		res.outs = append(res.outs, o)
+		if why := res.sc.applies(s); why != "" {
+			o.skip = why
+			continue
+		}
+		if why := s.reason(); why != "" {
+			o.skip = why
+			continue
+		}
+		if err := e.need(s.server); err != nil {
+			o.skip = "server did not start: " + err.Error()
+			continue
+		}
+		live = append(live, o)
+	}
+	return live
+}
+
+// measureRuns runs sc's measurement on every outcome of live, run 1 of
+// every subject, then run 2, …; in parallel in quick mode when sc allows.
+func measureRuns(e *env, c config, sc *scenario, live []*outcome, logf func(string, ...any)) {
 	runs := sc.runs(c)
 	measure := func(o *outcome, run int) {
 		m, err := sc.measure(e, c, o.s, run)
@@ -179,35 +197,36 @@ func runScenario(e *env, c config, sc *scenario, subs []*subject, logf func(stri
 			measure(o, run)
 		}
 	}
-	for _, o := range live {
-		if len(o.runs) == 0 {
-			if o.skip == "" {
-				o.skip = "every run failed: " + firstOr(o.errs, "no result")
-			}
-			continue
+}
+
+// summarize sets o's medians (and the maxima sc asks for) over its runs,
+// or the reason it has none.
+func (o *outcome) summarize(sc *scenario) {
+	if len(o.runs) == 0 {
+		if o.skip == "" {
+			o.skip = "every run failed: " + firstOr(o.errs, "no result")
 		}
-		o.med = metrics{}
-		keys := map[string]bool{}
-		for _, m := range o.runs {
-			for k := range m {
-				keys[k] = true
-			}
-		}
-		for k := range keys {
-			var xs []float64
-			for _, m := range o.runs {
-				if v, ok := m[k]; ok {
-					xs = append(xs, v)
-				}
-			}
-			o.med[k] = median(xs)
-			if nk, ok := sc.maxOf[k]; ok {
-				o.med[nk] = maxOf(xs)
-			}
+		return
+	}
+	o.med = metrics{}
+	keys := map[string]bool{}
+	for _, m := range o.runs {
+		for k := range m {
+			keys[k] = true
 		}
 	}
-	res.duration = time.Since(start)
-	return res
+	for k := range keys {
+		var xs []float64
+		for _, m := range o.runs {
+			if v, ok := m[k]; ok {
+				xs = append(xs, v)
+			}
+		}
+		o.med[k] = median(xs)
+		if nk, ok := sc.maxOf[k]; ok {
+			o.med[nk] = maxOf(xs)
+		}
+	}
 }
 
 func firstOr(xs []string, def string) string {
@@ -265,6 +284,7 @@ func num(v float64, digits int) string {
 
 // ---- the scenarios ----
 
+// allScenarios returns every scenario, S1–S6 then the K scenarios: a table of data, long but kept as one list.
 func allScenarios() []*scenario {
 	always := func(*subject) string { return "" }
 	runsN := func(c config) int { return c.runs }
