@@ -152,52 +152,42 @@ func newRedisClient(spec *backendSpec, timeout time.Duration) (redis.UniversalCl
 				return nil, usageErrorf("invalid backend URL %q: unknown query parameter %q (known: db, sentinel_user, sentinel_password)", spec.redacted(), k)
 			}
 		}
-		db, _ := dbNumber(spec.query.Get("db"))
-		return redis.NewFailoverClient(&redis.FailoverOptions{
-			MasterName:            spec.path,
-			SentinelAddrs:         spec.hosts,
-			SentinelUsername:      spec.query.Get("sentinel_user"),
-			SentinelPassword:      spec.query.Get("sentinel_password"),
-			Username:              spec.user,
-			Password:              spec.password,
-			DB:                    db,
-			DialTimeout:           timeout,
-			ReadTimeout:           timeout,
-			WriteTimeout:          timeout,
-			ContextTimeoutEnabled: true,
-		}), nil
+		o := redisOptions(spec, spec.hosts, timeout)
+		o.MasterName = spec.path
+		o.SentinelUsername, o.SentinelPassword = spec.query.Get("sentinel_user"), spec.query.Get("sentinel_password")
+		o.DB, _ = dbNumber(spec.query.Get("db"))
+		return redis.NewFailoverClient(o.Failover()), nil
 	case "redis+cluster":
 		if len(spec.query) > 0 {
 			return nil, usageErrorf("invalid backend URL %q: redis+cluster:// takes no query parameters", spec.redacted())
 		}
-		return redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs:                 spec.hosts,
-			Username:              spec.user,
-			Password:              spec.password,
-			DialTimeout:           timeout,
-			ReadTimeout:           timeout,
-			WriteTimeout:          timeout,
-			ContextTimeoutEnabled: true,
-		}), nil
+		return redis.NewClusterClient(redisOptions(spec, spec.hosts, timeout).Cluster()), nil
 	}
 	return nil, usageErrorf("%s:// is not a Redis scheme", spec.scheme)
 }
 
-// redisNodeOptions are the options of a client for one Redis server.
+// redisOptions returns the options every Redis client of spec shares:
+// addrs, spec's credentials and timeout for dialling, reading and writing.
 // ContextTimeoutEnabled makes the callers' deadlines bound socket I/O, so
 // a frozen server costs at most the deadline.
-func redisNodeOptions(spec *backendSpec, addr string, timeout time.Duration) *redis.Options {
-	db, _ := dbNumber(spec.path)
-	o := &redis.Options{
-		Addr:                  addr,
+func redisOptions(spec *backendSpec, addrs []string, timeout time.Duration) *redis.UniversalOptions {
+	return &redis.UniversalOptions{
+		Addrs:                 addrs,
 		Username:              spec.user,
 		Password:              spec.password,
-		DB:                    db,
 		DialTimeout:           timeout,
 		ReadTimeout:           timeout,
 		WriteTimeout:          timeout,
 		ContextTimeoutEnabled: true,
 	}
+}
+
+// redisNodeOptions are the options of a client for one Redis server:
+// redisOptions with spec's db, and TLS for rediss.
+func redisNodeOptions(spec *backendSpec, addr string, timeout time.Duration) *redis.Options {
+	u := redisOptions(spec, []string{addr}, timeout)
+	u.DB, _ = dbNumber(spec.path)
+	o := u.Simple()
 	if spec.scheme == "rediss" {
 		host, _, _ := net.SplitHostPort(addr)
 		o.TLSConfig = &tls.Config{ServerName: host, MinVersion: tls.VersionTLS12}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -56,12 +57,22 @@ func (s *backendSpec) redacted() string { return verify.RedactURL(s.raw) }
 // parseBackendURL parses a --backend URL. Errors are usage errors naming
 // the URL (password redacted) and what is wrong with it.
 func parseBackendURL(raw string) (*backendSpec, error) {
-	bad := func(format string, args ...any) error {
-		return usageErrorf("invalid backend URL %q: %s", verify.RedactURL(raw), fmt.Sprintf(format, args...))
+	spec, err := splitBackendURL(raw)
+	if err == nil {
+		err = spec.check()
 	}
+	if err != nil {
+		return nil, usageErrorf("invalid backend URL %q: %s", verify.RedactURL(raw), err)
+	}
+	return spec, nil
+}
+
+// splitBackendURL splits raw into scheme, credentials, hosts (with the
+// scheme's default port where none is given), path and query.
+func splitBackendURL(raw string) (*backendSpec, error) {
 	scheme, rest, ok := strings.Cut(raw, "://")
 	if !ok {
-		return nil, bad("want SCHEME://HOSTS..., with SCHEME one of %s", schemeNames())
+		return nil, fmt.Errorf("want SCHEME://HOSTS..., with SCHEME one of %s", schemeNames())
 	}
 	scheme = strings.ToLower(scheme)
 	defPort := 0
@@ -71,7 +82,7 @@ func parseBackendURL(raw string) (*backendSpec, error) {
 		}
 	}
 	if defPort == 0 {
-		return nil, bad("unknown scheme %q (known: %s)", scheme, schemeNames())
+		return nil, fmt.Errorf("unknown scheme %q (known: %s)", scheme, schemeNames())
 	}
 
 	// Split authority / path / query by hand: url.Parse rejects host lists
@@ -87,83 +98,93 @@ func parseBackendURL(raw string) (*backendSpec, error) {
 		u, p, _ := strings.Cut(ui, ":")
 		var err error
 		if spec.user, err = url.PathUnescape(u); err != nil {
-			return nil, bad("malformed user name: %v", err)
+			return nil, fmt.Errorf("malformed user name: %v", err)
 		}
 		if spec.password, err = url.PathUnescape(p); err != nil {
-			return nil, bad("malformed password")
+			return nil, errors.New("malformed password")
 		}
 	}
 	if auth == "" {
-		return nil, bad("no host")
+		return nil, errors.New("no host")
 	}
 	for _, h := range strings.Split(auth, ",") {
 		hp, err := hostPort(h, defPort)
 		if err != nil {
-			return nil, bad("%v", err)
+			return nil, err
 		}
 		spec.hosts = append(spec.hosts, hp)
 	}
 	u, err := url.Parse("x://h" + tail)
 	if err != nil {
-		return nil, bad("%v", err)
+		return nil, err
 	}
 	if u.Fragment != "" {
-		return nil, bad("unexpected fragment #%s", u.Fragment)
+		return nil, fmt.Errorf("unexpected fragment #%s", u.Fragment)
 	}
 	spec.path = strings.TrimPrefix(u.Path, "/")
 	spec.query = u.Query()
+	return spec, nil
+}
 
-	switch scheme {
+// check returns an error if s's hosts, path, query or credentials do not
+// fit its scheme.
+func (s *backendSpec) check() error {
+	switch s.scheme {
 	case "redis", "rediss":
-		if len(spec.hosts) != 1 {
-			return nil, bad("%s:// takes one host, got %d (use redis+cluster://, redis+sentinel:// or redlock:// for several)", scheme, len(spec.hosts))
+		if len(s.hosts) != 1 {
+			return fmt.Errorf("%s:// takes one host, got %d (use redis+cluster://, redis+sentinel:// or redlock:// for several)", s.scheme, len(s.hosts))
 		}
-		if _, err := dbNumber(spec.path); err != nil {
-			return nil, bad("%v", err)
-		}
+		_, err := dbNumber(s.path)
+		return err
 	case "redis+sentinel":
-		if spec.path == "" || strings.Contains(spec.path, "/") {
-			return nil, bad("want the master name as the path: redis+sentinel://h1,h2/MASTER")
+		if s.path == "" || strings.Contains(s.path, "/") {
+			return errors.New("want the master name as the path: redis+sentinel://h1,h2/MASTER")
 		}
-		if db := spec.query.Get("db"); db != "" {
-			if _, err := dbNumber(db); err != nil {
-				return nil, bad("%v", err)
-			}
+		if db := s.query.Get("db"); db != "" {
+			_, err := dbNumber(db)
+			return err
 		}
 	case "redis+cluster":
-		if spec.path != "" {
-			return nil, bad("%s:// takes no path, got /%s", scheme, spec.path)
+		if s.path != "" {
+			return fmt.Errorf("%s:// takes no path, got /%s", s.scheme, s.path)
 		}
 	case "redlock":
-		if _, err := dbNumber(spec.path); err != nil {
-			return nil, bad("%v", err)
-		}
-		if n := len(spec.hosts); n < 3 || n%2 == 0 {
-			return nil, bad("redlock:// needs an odd number of independent nodes, at least 3; got %d", n)
-		}
-		seen := map[string]bool{}
-		for _, h := range spec.hosts {
-			if seen[h] {
-				return nil, bad("node %s appears twice", h)
-			}
-			seen[h] = true
-		}
-		for k := range spec.query {
-			if k != "node_timeout" {
-				return nil, bad("unknown query parameter %q (known: node_timeout)", k)
-			}
-		}
-		if v := spec.query.Get("node_timeout"); v != "" {
-			if d, err := time.ParseDuration(v); err != nil || d <= 0 {
-				return nil, bad("node_timeout %q is not a positive duration", v)
-			}
-		}
+		return s.checkRedlock()
 	case "zk":
-		if spec.user != "" || spec.password != "" {
-			return nil, bad("zk:// takes no user or password")
+		if s.user != "" || s.password != "" {
+			return errors.New("zk:// takes no user or password")
 		}
 	}
-	return spec, nil
+	return nil
+}
+
+// checkRedlock returns an error unless s names an odd number (at least 3)
+// of distinct nodes, a valid db and no query parameter but node_timeout.
+func (s *backendSpec) checkRedlock() error {
+	if _, err := dbNumber(s.path); err != nil {
+		return err
+	}
+	if n := len(s.hosts); n < 3 || n%2 == 0 {
+		return fmt.Errorf("redlock:// needs an odd number of independent nodes, at least 3; got %d", n)
+	}
+	seen := map[string]bool{}
+	for _, h := range s.hosts {
+		if seen[h] {
+			return fmt.Errorf("node %s appears twice", h)
+		}
+		seen[h] = true
+	}
+	for k := range s.query {
+		if k != "node_timeout" {
+			return fmt.Errorf("unknown query parameter %q (known: node_timeout)", k)
+		}
+	}
+	if v := s.query.Get("node_timeout"); v != "" {
+		if d, err := time.ParseDuration(v); err != nil || d <= 0 {
+			return fmt.Errorf("node_timeout %q is not a positive duration", v)
+		}
+	}
+	return nil
 }
 
 // hostPort validates one entry of a host list and adds the default port.

@@ -31,6 +31,13 @@ import (
 // executable with the hidden demo-worker command.
 const fenceTTL = time.Second
 
+// The keys of part (b): the lock, the unfenced store and the fenced store.
+const (
+	fencingLockKey   = "demo:b:report"
+	fencingPlainKey  = "demo:b:store:plain"
+	fencingFencedKey = "demo:b:store:fenced"
+)
+
 // workerMsg is a line the demo worker prints on stdout.
 type workerMsg struct {
 	Event  string `json:"event"` // "acquired" or "wrote"
@@ -43,98 +50,153 @@ type workerMsg struct {
 	Error  string `json:"error,omitempty"`
 }
 
+// partFencing runs part (b): worker A freezes past its lease, holder B
+// takes over and writes, A wakes up and writes its stale report; the
+// unfenced store accepts it, the fenced store rejects it.
 func partFencing(ctx context.Context, env *demoEnv, r *partResult) {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	const (
-		lockKey   = "demo:b:report"
-		plainKey  = "demo:b:store:plain"
-		fencedKey = "demo:b:store:fenced"
-	)
-	rdb := env.redisNode(env.redis.Addr(), 4)
-	defer rdb.Close()
-	if err := rdb.Del(ctx, plainKey, fencedKey).Err(); err != nil {
+	d := &fencingDemo{env: env, r: r, rdb: env.redisNode(env.redis.Addr(), 4)}
+	defer d.close()
+	if d.startA(ctx) && d.freezeA() && d.takeOverB(ctx) && d.wakeA() {
+		d.compareStores(ctx)
+	}
+}
+
+// fencingDemo is the state of part (b) from one phase to the next.
+type fencingDemo struct {
+	env *demoEnv
+	r   *partResult
+	rdb *redis.Client
+
+	w      *worker   // worker A's process
+	a      workerMsg // A's grant
+	frozen time.Time // when A was frozen
+
+	client *dlock.Client // holder B's
+	lease  *dlock.Lease  // B's lease
+	store  *fence.Redis  // the fenced store
+	bPlain string        // B's report
+	res    workerMsg     // A's writes after waking
+}
+
+// close closes B's client, stops worker A and closes the Redis client.
+func (d *fencingDemo) close() {
+	if d.client != nil {
+		d.client.Close()
+	}
+	if d.w != nil {
+		d.w.stop()
+	}
+	d.rdb.Close()
+}
+
+// startA empties both stores and starts worker A, which takes the lock.
+// It returns false, with r failed, if A did not take it.
+func (d *fencingDemo) startA(ctx context.Context) bool {
+	r := d.r
+	if err := d.rdb.Del(ctx, fencingPlainKey, fencingFencedKey).Err(); err != nil {
 		r.fail("%v", err)
 		r.Summary = "error: " + err.Error()
-		return
+		return false
 	}
-
-	w, err := startWorker(ctx, env.redis.Addr(), lockKey, plainKey, fencedKey)
+	w, err := startWorker(ctx, d.env.redis.Addr(), fencingLockKey, fencingPlainKey, fencingFencedKey)
 	if err != nil {
 		r.fail("worker A: %v", err)
 		r.Summary = "error: worker did not start"
-		return
+		return false
 	}
-	defer w.stop()
-	a, err := w.next(10 * time.Second)
-	if err != nil || a.Event != "acquired" {
-		r.fail("worker A did not take the lock: %v %s", err, a.Error)
+	d.w = w
+	d.a, err = w.next(10 * time.Second)
+	if err != nil || d.a.Event != "acquired" {
+		r.fail("worker A did not take the lock: %v %s", err, d.a.Error)
 		r.Summary = "error: worker did not take the lock"
-		return
+		return false
 	}
-	r.detail("worker A (pid %d) holds %q with fence %d, TTL %v", w.cmd.Process.Pid, lockKey, a.Fence, fenceTTL)
+	r.detail("worker A (pid %d) holds %q with fence %d, TTL %v", w.cmd.Process.Pid, fencingLockKey, d.a.Fence, fenceTTL)
 	r.detail("(Redis fences are max(counter+1, server time in µs): they keep growing even if Redis restarts empty)")
+	return true
+}
 
-	if err := stopProcess(w.cmd.Process); err != nil {
-		r.fail("SIGSTOP worker A: %v", err)
-		r.Summary = "error: cannot freeze the worker"
-		return
+// freezeA stops worker A's process and queues its write, which A makes
+// the moment it wakes up.
+func (d *fencingDemo) freezeA() bool {
+	if err := stopProcess(d.w.cmd.Process); err != nil {
+		d.r.fail("SIGSTOP worker A: %v", err)
+		d.r.Summary = "error: cannot freeze the worker"
+		return false
 	}
-	frozen := time.Now()
-	// Queued while A is frozen: it writes the moment it wakes up.
-	if _, err := io.WriteString(w.stdin, "write\n"); err != nil {
-		_ = continueProcess(w.cmd.Process)
-		r.fail("worker A: %v", err)
-		return
+	d.frozen = time.Now()
+	if _, err := io.WriteString(d.w.stdin, "write\n"); err != nil {
+		_ = continueProcess(d.w.cmd.Process)
+		d.r.fail("worker A: %v", err)
+		return false
 	}
+	return true
+}
 
-	// B takes over once A's lease expires (A cannot renew it).
-	b, err := newRedisBackend(rdb)
+// takeOverB has holder B take the lock once A's lease expires (A cannot
+// renew it) and write its report to both stores.
+func (d *fencingDemo) takeOverB(ctx context.Context) bool {
+	r := d.r
+	b, err := newRedisBackend(d.rdb)
 	if err != nil {
-		_ = continueProcess(w.cmd.Process)
+		_ = continueProcess(d.w.cmd.Process)
 		r.fail("%v", err)
-		return
+		return false
 	}
-	client := dlock.New(b, env.g.clientOptions(dlock.WithTTL(10*time.Second))...)
-	defer client.Close()
+	d.client = dlock.New(b, d.env.g.clientOptions(dlock.WithTTL(10*time.Second))...)
 	wctx, wcancel := context.WithTimeout(ctx, 10*fenceTTL)
-	lease, err := client.Acquire(wctx, lockKey)
+	d.lease, err = d.client.Acquire(wctx, fencingLockKey)
 	wcancel()
 	if err != nil {
-		_ = continueProcess(w.cmd.Process)
+		_ = continueProcess(d.w.cmd.Process)
 		r.fail("holder B could not take the lock after A froze: %v", err)
 		r.Summary = "error: no takeover"
-		return
+		return false
 	}
 	r.detail("worker A frozen (SIGSTOP); %v later its lease expired and holder B took the lock with fence %d",
-		time.Since(frozen).Round(10*time.Millisecond), lease.Fence())
-	store := fence.NewRedis(rdb)
-	bPlain := fmt.Sprintf("report by B (fence %d)", lease.Fence())
-	errPlain := rdb.Set(ctx, plainKey, bPlain, 0).Err()
-	errFenced := store.Set(ctx, fencedKey, bPlain, lease.Fence(), lease.Owner())
+		time.Since(d.frozen).Round(10*time.Millisecond), d.lease.Fence())
+	d.store = fence.NewRedis(d.rdb)
+	d.bPlain = fmt.Sprintf("report by B (fence %d)", d.lease.Fence())
+	errPlain := d.rdb.Set(ctx, fencingPlainKey, d.bPlain, 0).Err()
+	errFenced := d.store.Set(ctx, fencingFencedKey, d.bPlain, d.lease.Fence(), d.lease.Owner())
 	if errPlain != nil || errFenced != nil {
-		_ = continueProcess(w.cmd.Process)
+		_ = continueProcess(d.w.cmd.Process)
 		r.fail("holder B's writes failed: %v", errors.Join(errPlain, errFenced))
-		return
+		return false
 	}
-	r.detail("holder B wrote %q to both stores", bPlain)
+	r.detail("holder B wrote %q to both stores", d.bPlain)
+	return true
+}
 
-	if err := continueProcess(w.cmd.Process); err != nil {
+// wakeA resumes worker A and reads the outcome of its stale writes.
+func (d *fencingDemo) wakeA() bool {
+	r := d.r
+	if err := continueProcess(d.w.cmd.Process); err != nil {
 		r.fail("SIGCONT worker A: %v", err)
-		return
+		return false
 	}
-	res, err := w.next(15 * time.Second)
-	if err != nil || res.Event != "wrote" {
-		r.fail("worker A after waking: %v %s", err, res.Error)
+	var err error
+	d.res, err = d.w.next(15 * time.Second)
+	if err != nil || d.res.Event != "wrote" {
+		r.fail("worker A after waking: %v %s", err, d.res.Error)
 		r.Summary = "error: worker A did not report its writes"
-		return
+		return false
 	}
 	r.detail("worker A woke up after %v frozen and wrote its stale report (fence %d) to both stores",
-		time.Since(frozen).Round(10*time.Millisecond), a.Fence)
+		time.Since(d.frozen).Round(10*time.Millisecond), d.a.Fence)
+	return true
+}
+
+// compareStores releases B's lease, reads both stores and checks that the
+// unfenced one took A's stale write and the fenced one kept B's.
+func (d *fencingDemo) compareStores(ctx context.Context) {
+	r, a, lease, res := d.r, d.a, d.lease, d.res
 	_ = lease.Release(ctx)
 
-	plainNow, err1 := rdb.Get(ctx, plainKey).Result()
-	fencedNow, highest, err2 := store.Get(ctx, fencedKey)
+	plainNow, err1 := d.rdb.Get(ctx, fencingPlainKey).Result()
+	fencedNow, highest, err2 := d.store.Get(ctx, fencingFencedKey)
 	if err := errors.Join(err1, err2); err != nil {
 		r.fail("reading the stores: %v", err)
 		return
@@ -155,8 +217,8 @@ func partFencing(ctx context.Context, env *demoEnv, r *partResult) {
 		r.fail("the unfenced store holds %q, want A's stale write %q", plainNow, aPlain)
 	case !res.Stale:
 		r.fail("the fenced store did not reject A's stale write: %s", res.Fenced)
-	case fencedNow != bPlain:
-		r.fail("the fenced store holds %q, want B's %q", fencedNow, bPlain)
+	case fencedNow != d.bPlain:
+		r.fail("the fenced store holds %q, want B's %q", fencedNow, d.bPlain)
 	}
 	r.Summary = fmt.Sprintf("stale write (fence %d < %d): unfenced store accepted it, fenced store rejected it", a.Fence, lease.Fence())
 }

@@ -25,6 +25,8 @@ const (
 	rlNodeTimeout = 500 * time.Millisecond
 )
 
+// partRedlock runs part (d): two clients contend on Redlock with 2 of 5
+// nodes killed, then a third node is killed and the lock must be refused.
 func partRedlock(ctx context.Context, env *demoEnv, r *partResult) {
 	if len(env.redlock) == 0 {
 		r.Status = statusSkip
@@ -34,39 +36,87 @@ func partRedlock(ctx context.Context, env *demoEnv, r *partResult) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	var killed []int
-	defer func() {
-		for _, i := range killed {
-			if err := env.redlock[i].Restart(); err != nil {
-				r.fail("restarting node %s: %v", env.redlock[i].Addr(), err)
-			}
-		}
-	}()
-	kill := func(i int) bool {
-		if err := env.redlock[i].Kill(); err != nil {
-			r.fail("killing node %s: %v", env.redlock[i].Addr(), err)
-			return false
-		}
-		killed = append(killed, i)
-		return true
-	}
-	if !kill(0) || !kill(1) {
+	d := &redlockDemo{env: env, r: r}
+	defer d.restartKilled()
+	if !d.kill(0) || !d.kill(1) {
 		return
 	}
 	r.detail("killed 2 of 5 nodes (%s, %s)", env.redlock[0].Addr(), env.redlock[1].Addr())
 
-	clients := make([]*dlock.Client, 2)
-	for i := range clients {
-		nodes := env.redlockClients()
-		defer closeAll(nodes)
+	clients, closeClients, err := d.openClients(2)
+	defer closeClients()
+	if err != nil {
+		r.fail("redlock: %v", err)
+		return
+	}
+	ok, overlaps := d.contend(ctx, clients)
+
+	// A third node down: no majority, no lock.
+	if !d.kill(2) {
+		return
+	}
+	d.expectRefusal(ctx, clients[0])
+	r.Summary = fmt.Sprintf("2 of 5 down: %d/%d cycles ok, 0 overlaps; 3 down: refused", ok, 2*rlCycles)
+	if overlaps > 0 {
+		r.Summary = fmt.Sprintf("2 of 5 down: %d overlaps", overlaps)
+	}
+}
+
+// redlockDemo is the state of part (d): which nodes it killed.
+type redlockDemo struct {
+	env    *demoEnv
+	r      *partResult
+	killed []int // indexes in env.redlock
+}
+
+// kill kills node i; it returns false, with r failed, if it could not.
+func (d *redlockDemo) kill(i int) bool {
+	if err := d.env.redlock[i].Kill(); err != nil {
+		d.r.fail("killing node %s: %v", d.env.redlock[i].Addr(), err)
+		return false
+	}
+	d.killed = append(d.killed, i)
+	return true
+}
+
+// restartKilled restarts (empty) every node the demo killed.
+func (d *redlockDemo) restartKilled() {
+	for _, i := range d.killed {
+		if err := d.env.redlock[i].Restart(); err != nil {
+			d.r.fail("restarting node %s: %v", d.env.redlock[i].Addr(), err)
+		}
+	}
+}
+
+// openClients returns n Redlock clients over every node, each with its own
+// connections, and a function that closes all it opened (to call even on
+// error).
+func (d *redlockDemo) openClients(n int) (clients []*dlock.Client, closeClients func(), err error) {
+	var closers []func()
+	closeClients = func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
+	}
+	for range n {
+		nodes := d.env.redlockClients()
+		closers = append(closers, func() { closeAll(nodes) })
 		b, err := newRedlockBackend(nodes, rlNodeTimeout)
 		if err != nil {
-			r.fail("redlock: %v", err)
-			return
+			return clients, closeClients, err
 		}
-		clients[i] = dlock.New(b, env.g.clientOptions(dlock.WithTTL(rlTTL))...)
-		defer clients[i].Close()
+		c := dlock.New(b, d.env.g.clientOptions(dlock.WithTTL(rlTTL))...)
+		closers = append(closers, func() { c.Close() })
+		clients = append(clients, c)
 	}
+	return clients, closeClients, nil
+}
+
+// contend has every client take and release the lock rlCycles times,
+// reports the cycles, fences and overlaps, and returns the cycles that
+// succeeded and the overlaps seen.
+func (d *redlockDemo) contend(ctx context.Context, clients []*dlock.Client) (cycles, overlapsSeen int64) {
+	r := d.r
 	var (
 		inside, overlaps, ok atomic.Int64
 		errs                 = make([]error, len(clients))
@@ -113,23 +163,19 @@ func partRedlock(ctx context.Context, env *demoEnv, r *partResult) {
 	if distinct != int(ok.Load()) {
 		r.fail("%d fences for %d grants: fences must be distinct", distinct, ok.Load())
 	}
+	return ok.Load(), overlaps.Load()
+}
 
-	// A third node down: no majority, no lock.
-	if !kill(2) {
-		return
-	}
-	tctx, tcancel := context.WithTimeout(ctx, 3*env.g.timeout)
-	lease, err := clients[0].TryAcquire(tctx, "demo:d:job")
+// expectRefusal tries the lock with c once and fails r if it is granted.
+func (d *redlockDemo) expectRefusal(ctx context.Context, c *dlock.Client) {
+	tctx, tcancel := context.WithTimeout(ctx, 3*d.env.g.timeout)
+	lease, err := c.TryAcquire(tctx, "demo:d:job")
 	tcancel()
 	if err == nil {
 		_ = lease.Release(ctx)
-		r.fail("with 3 of 5 nodes down the lock was still granted")
+		d.r.fail("with 3 of 5 nodes down the lock was still granted")
 	} else {
-		r.detail("with 2 of 5 nodes up: refused, as it must be (%s)", shortErr(err))
-	}
-	r.Summary = fmt.Sprintf("2 of 5 down: %d/%d cycles ok, 0 overlaps; 3 down: refused", ok.Load(), 2*rlCycles)
-	if overlaps.Load() > 0 {
-		r.Summary = fmt.Sprintf("2 of 5 down: %d overlaps", overlaps.Load())
+		d.r.detail("with 2 of 5 nodes up: refused, as it must be (%s)", shortErr(err))
 	}
 }
 

@@ -118,30 +118,22 @@ func (f *runFlags) busy(key string) string {
 	return fmt.Sprintf("lock %q is held by another owner", key)
 }
 
-// until says what a wait without end waits for, for the wait notice.
-func (f *runFlags) until() string {
-	switch f.kind() {
-	case holdPermit:
-		return "until a permit is free"
-	case holdLeader:
-		return "until elected"
-	}
-	return "until it is free"
+// kindWords are the words of each kind of hold in messages: held names
+// the hold on a key (a format of the key), until says what a wait without
+// end waits for, feature what the hold needs from the backend.
+var kindWords = [...]struct{ held, until, feature string }{
+	holdLock:   {"the lock %q", "until it is free", "locks"},
+	holdPermit: {"the permit of %q", "until a permit is free", "semaphores (--permits)"},
+	holdRead:   {"the read hold of %q", "until it is free", "read-write locks (--shared)"},
+	holdLeader: {"the leadership of %q", "until elected", "leader election"},
 }
 
-// held names the hold on key, for messages: "the lock "K"", "a permit of
-// "K"", ...
-func (f *runFlags) held(key string) string {
-	switch f.kind() {
-	case holdPermit:
-		return fmt.Sprintf("the permit of %q", key)
-	case holdRead:
-		return fmt.Sprintf("the read hold of %q", key)
-	case holdLeader:
-		return fmt.Sprintf("the leadership of %q", key)
-	}
-	return fmt.Sprintf("the lock %q", key)
-}
+// until says what a wait without end waits for, for the wait notice.
+func (f *runFlags) until() string { return kindWords[f.kind()].until }
+
+// held names the hold on key, for messages: "the lock "K"", "the permit
+// of "K"", ...
+func (f *runFlags) held(key string) string { return fmt.Sprintf(kindWords[f.kind()].held, key) }
 
 // env returns the variables the command gets beyond DLOCK_KEY,
 // DLOCK_FENCE, DLOCK_OWNER and DLOCK_BACKEND: DLOCK_TERM for a leader,
@@ -170,17 +162,7 @@ func (f *runFlags) kindError(kind, key string, err error) error {
 }
 
 // feature names what the flags need from the backend.
-func (f *runFlags) feature() string {
-	switch f.kind() {
-	case holdPermit:
-		return "semaphores (--permits)"
-	case holdRead:
-		return "read-write locks (--shared)"
-	case holdLeader:
-		return "leader election"
-	}
-	return "locks"
-}
+func (f *runFlags) feature() string { return kindWords[f.kind()].feature }
 
 // describeHolds describes the permit or read holds of info, for the
 // conflict message of run: "2 of 2 permits held: owner A (fence 5), ...".
