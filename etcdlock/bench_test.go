@@ -72,14 +72,7 @@ func benchHandoff(b *testing.B, workers int) {
 	)
 	// 40 slices of 250 ms per set, unless HANDOFF_SLICE sets another
 	// slice length (the same 10 s in all).
-	slice := 250 * time.Millisecond
-	if v := os.Getenv("HANDOFF_SLICE"); v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil || d <= 0 {
-			b.Fatalf("HANDOFF_SLICE=%q: want a positive duration", v)
-		}
-		slice = d
-	}
+	slice := envDuration(b, "HANDOFF_SLICE", 250*time.Millisecond)
 	rounds := max(int(10*time.Second/slice), 1)
 	key := locktest.Key(b)
 	newOurs := func(p etcdlock.Protocol) *contenders {
@@ -101,19 +94,10 @@ func benchHandoff(b *testing.B, workers int) {
 			b.Fatalf("NewSession: %v", err)
 		}
 		m := concurrency.NewMutex(s, "/bench-mutex/"+key)
-		return handoff.Worker{
-			Lock: func() {
-				if err := m.Lock(context.Background()); err != nil {
-					b.Error(err)
-				}
-			},
-			Unlock: func() {
-				if err := m.Unlock(context.Background()); err != nil {
-					b.Error(err)
-				}
-			},
-			Close: func() { s.Close() },
-		}
+		return locktest.PeerWorker(b,
+			func() error { return m.Lock(context.Background()) },
+			func() error { return m.Unlock(context.Background()) },
+			func() { s.Close() })
 	})}
 	names := []string{"etcdlock", "etcdlock (watches per wait)", "etcdlock (all switches off)", "concurrency.Mutex"}
 	for _, c := range sets {
@@ -134,6 +118,21 @@ func benchHandoff(b *testing.B, workers int) {
 	b.ReportMetric(handoff.Median(ratios[2]), "legacy-median-ratio")
 	b.ReportMetric(sets[0].srv.requests()/float64(max(sets[0].Total, 1)), "etcdlock-rpcs/op")
 	b.ReportMetric(sets[2].srv.requests()/float64(max(sets[2].Total, 1)), "legacy-rpcs/op")
+}
+
+// envDuration returns the duration the environment variable name sets, or
+// def if it is not set; it fails b unless the value is a positive duration.
+func envDuration(b *testing.B, name string, def time.Duration) time.Duration {
+	b.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		b.Fatalf("%s=%q: want a positive duration", name, v)
+	}
+	return d
 }
 
 // contenders are a handoff.Set and what the etcd server counted while
@@ -283,14 +282,7 @@ func BenchmarkManyHeld(b *testing.B) {
 			b.Fatalf("MANYHELD_N=%q: want a positive integer", v)
 		}
 	}
-	hold := 10 * time.Second
-	if v := os.Getenv("MANYHELD_HOLD"); v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil || d <= 0 {
-			b.Fatalf("MANYHELD_HOLD=%q: want a positive duration", v)
-		}
-		hold = d
-	}
+	hold := envDuration(b, "MANYHELD_HOLD", 10*time.Second)
 	for _, mode := range []struct {
 		name string
 		min  int
@@ -358,14 +350,7 @@ func benchManyHeld(b *testing.B, n int, hold time.Duration, prefixWatchMin int) 
 	time.Sleep(hold) // the measured hold: the watchdog renews meanwhile
 	held := rts.Load()
 	srvDuring.add(scrape(), before)
-	lost := 0
-	for _, l := range leases {
-		select {
-		case <-l.Done():
-			lost++
-		default:
-		}
-	}
+	lost := locktest.Lost(leases)
 	perTick := float64(held) / hold.Seconds() * (ttl / 3).Seconds() / (float64(n) / 1000)
 	heap, stack := scale.PerItem(m0, m1, n)
 	b.Logf("%d leases (load %s): fill %.1fs, heap %.0f B/lease, stacks %.0f B/lease, %.2f goroutines/lease, %d round trips in %v = %.2f per 1,000 leases per tick, %d lost",

@@ -3,14 +3,12 @@ package fence_test
 import (
 	"context"
 	"errors"
-	"fmt"
-	"os"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
-	"go.uber.org/goleak"
 
 	"github.com/dlock-go/dlock/fence"
+	"github.com/dlock-go/dlock/internal/locktest/testmain"
 	"github.com/dlock-go/dlock/internal/testserver"
 )
 
@@ -19,27 +17,27 @@ var rdb *redis.Client
 func TestMain(m *testing.M) {
 	srv, err := testserver.StartRedis(testserver.RedisOptions{})
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
+		testmain.Fail("fence", err)
 	}
 	rdb = redis.NewClient(&redis.Options{Addr: srv.Addr()})
-	code := m.Run()
-	rdb.Close()
-	srv.Stop()
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
+	testmain.Run(m, "fence", func() error {
+		rdb.Close()
+		return srv.Stop()
+	})
+}
+
+// newStore returns a fenced store on the shared server and a key of the
+// test's own, emptied.
+func newStore(t *testing.T) (*fence.Redis, string) {
+	t.Helper()
+	key := "fence:" + t.Name()
+	rdb.Del(context.Background(), key)
+	return fence.NewRedis(rdb), key
 }
 
 func TestRedisRule(t *testing.T) {
 	ctx := context.Background()
-	s := fence.NewRedis(rdb)
-	key := "fence:" + t.Name()
-	rdb.Del(ctx, key)
+	s, key := newStore(t)
 	steps := []struct {
 		value string
 		fence uint64
@@ -74,10 +72,9 @@ func TestRedisRule(t *testing.T) {
 
 func TestRedisWrongType(t *testing.T) {
 	ctx := context.Background()
-	key := "fence:" + t.Name()
-	rdb.Del(ctx, key)
+	s, key := newStore(t)
 	rdb.RPush(ctx, key, "user data")
-	err := fence.NewRedis(rdb).Set(ctx, key, "v", 1, "a")
+	err := s.Set(ctx, key, "v", 1, "a")
 	if err == nil {
 		t.Fatal("Set on a list key: got nil error")
 	}
@@ -88,9 +85,7 @@ func TestRedisWrongType(t *testing.T) {
 
 func TestRedisClaim(t *testing.T) {
 	ctx := context.Background()
-	s := fence.NewRedis(rdb)
-	key := "fence:" + t.Name()
-	rdb.Del(ctx, key)
+	s, key := newStore(t)
 	if v, err := s.Claim(ctx, key, 5, "a"); err != nil || v != "" {
 		t.Fatalf("Claim of a missing key: got %q, %v", v, err)
 	}
@@ -116,9 +111,7 @@ func TestRedisClaim(t *testing.T) {
 // were used (no epoch field) are epoch 0.
 func TestRedisEpochs(t *testing.T) {
 	ctx := context.Background()
-	s := fence.NewRedis(rdb)
-	key := "fence:" + t.Name()
-	rdb.Del(ctx, key)
+	s, key := newStore(t)
 	const oldFence = 1_764_000_000_000_000
 	// A value as stored before epochs: no "e" field.
 	if err := rdb.HSet(ctx, key, "v", "old", "f", oldFence, "o", "a").Err(); err != nil {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/locktest"
 	"github.com/dlock-go/dlock/internal/locktest/handoff"
 	"github.com/dlock-go/dlock/internal/testserver"
 	"github.com/dlock-go/dlock/zklock"
@@ -72,19 +73,7 @@ func benchHandoff(b *testing.B, workers int) {
 			b.Fatal(err)
 		}
 		zl := zk.NewLock(conn, "/zklock-bench/"+key, zk.WorldACL(zk.PermAll))
-		return handoff.Worker{
-			Lock: func() {
-				if err := zl.Lock(); err != nil {
-					b.Error(err)
-				}
-			},
-			Unlock: func() {
-				if err := zl.Unlock(); err != nil {
-					b.Error(err)
-				}
-			},
-			Close: conn.Close,
-		}
+		return locktest.PeerWorker(b, zl.Lock, zl.Unlock, conn.Close)
 	})}
 	names := []string{"zklock", "zklock (no watch ahead)", "zk.Lock"}
 	for _, c := range sets {

@@ -2,16 +2,14 @@ package inventory_test
 
 import (
 	"context"
-	"fmt"
-	"os"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"go.uber.org/goleak"
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/internal/inventory"
+	"github.com/dlock-go/dlock/internal/locktest/testmain"
 	"github.com/dlock-go/dlock/internal/testserver"
 	"github.com/dlock-go/dlock/redislock"
 )
@@ -21,19 +19,10 @@ var addr string
 func TestMain(m *testing.M) {
 	srv, err := testserver.StartRedis(testserver.RedisOptions{})
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
+		testmain.Fail("inventory", err)
 	}
 	addr = srv.Addr()
-	code := m.Run()
-	srv.Stop()
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
+	testmain.Run(m, "inventory", srv.Stop)
 }
 
 func newRedis() *redis.Client { return redis.NewClient(&redis.Options{Addr: addr, PoolSize: 100}) }

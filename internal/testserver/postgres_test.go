@@ -135,18 +135,10 @@ func TestPostgres(t *testing.T) {
 		}
 	})
 	t.Run("PauseResume", func(t *testing.T) {
-		if err := p.Pause(); err != nil {
-			t.Fatal(err)
-		}
-		_, err := pgQuery(p.Addr(), 300*time.Millisecond, "SELECT 1")
-		var ne net.Error
-		if !errors.As(err, &ne) || !ne.Timeout() {
-			p.Resume()
-			t.Fatalf("query while paused: err = %v, want a timeout", err)
-		}
-		if err := p.Resume(); err != nil {
-			t.Fatal(err)
-		}
+		checkPaused(t, p, "query", true, func() error {
+			_, err := pgQuery(p.Addr(), 300*time.Millisecond, "SELECT 1")
+			return err
+		})
 		if got := mustQuery(t, p, "SELECT 1"); got != "1" {
 			t.Fatalf("SELECT 1 after Resume: got %q, want 1", got)
 		}
@@ -156,18 +148,6 @@ func TestPostgres(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		pid, dir := q.PID(), q.Dir()
-		if err := q.Stop(); err != nil {
-			t.Fatal(err)
-		}
-		if processAlive(pid) {
-			t.Errorf("pid %d alive after Stop", pid)
-		}
-		if _, err := os.Stat(dir); !os.IsNotExist(err) {
-			t.Errorf("Dir %s after Stop: %v, want removed", dir, err)
-		}
-		if err := q.Stop(); err != nil {
-			t.Errorf("second Stop: %v", err)
-		}
+		checkStop(t, q, q.PID(), q.Dir())
 	})
 }

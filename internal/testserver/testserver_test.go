@@ -330,6 +330,49 @@ func within(t *testing.T, d time.Duration, what string, check func() error) {
 	}
 }
 
+// checkPaused pauses s and fails the test unless probe fails while s is
+// paused (with a timeout, if timeout is set); then it resumes s.
+func checkPaused(t *testing.T, s interface {
+	Pause() error
+	Resume() error
+}, what string, timeout bool, probe func() error) {
+	t.Helper()
+	if err := s.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	err := probe()
+	var ne net.Error
+	if err == nil || timeout && !(errors.As(err, &ne) && ne.Timeout()) {
+		s.Resume()
+		t.Fatalf("%s while paused: got %v, want a failure (a timeout: %v)", what, err, timeout)
+	}
+	if err := s.Resume(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// checkStop stops server s and fails the test if that fails, if its
+// process pid is alive or its directory dir is left afterwards, or if
+// stopping it again fails. It returns how long the first Stop took.
+func checkStop(t *testing.T, s interface{ Stop() error }, pid int, dir string) time.Duration {
+	t.Helper()
+	t0 := time.Now()
+	if err := s.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(t0)
+	if processAlive(pid) {
+		t.Errorf("pid %d alive after Stop", pid)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("Dir %s after Stop: %v, want removed", dir, err)
+	}
+	if err := s.Stop(); err != nil {
+		t.Errorf("second Stop = %v, want nil", err)
+	}
+	return took
+}
+
 // ---------------------------------------------------------------------------
 // Redis
 
@@ -405,18 +448,10 @@ func TestRedis(t *testing.T) {
 		}
 	})
 	t.Run("PauseResume", func(t *testing.T) {
-		if err := r.Pause(); err != nil {
-			t.Fatal(err)
-		}
-		_, err := respDo(r.Addr(), 300*time.Millisecond, "PING")
-		var ne net.Error
-		if !errors.As(err, &ne) || !ne.Timeout() {
-			r.Resume()
-			t.Fatalf("PING while paused: err = %v, want a timeout", err)
-		}
-		if err := r.Resume(); err != nil {
-			t.Fatal(err)
-		}
+		checkPaused(t, r, "PING", true, func() error {
+			_, err := respDo(r.Addr(), 300*time.Millisecond, "PING")
+			return err
+		})
 		if got := mustDo(t, r.Addr(), "PING"); got != "PONG" {
 			t.Fatalf("PING after Resume = %v, want PONG", got)
 		}
@@ -445,25 +480,11 @@ func TestRedisStop(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pid, dir := r.PID(), r.Dir()
 	if err := r.Pause(); err != nil {
 		t.Fatal(err)
 	}
-	t0 := time.Now()
-	if err := r.Stop(); err != nil {
-		t.Fatal(err)
-	}
-	if d := time.Since(t0); d >= testserver.StopGrace {
+	if d := checkStop(t, r, r.PID(), r.Dir()); d >= testserver.StopGrace {
 		t.Errorf("Stop of a paused server took %v, want a graceful stop under %v", d, testserver.StopGrace)
-	}
-	if processAlive(pid) {
-		t.Errorf("pid %d alive after Stop", pid)
-	}
-	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("Dir %s after Stop: %v, want removed", dir, err)
-	}
-	if err := r.Stop(); err != nil {
-		t.Errorf("second Stop = %v, want nil", err)
 	}
 	if err := r.Restart(); err == nil {
 		t.Error("Restart after Stop succeeded, want an error")
@@ -639,16 +660,7 @@ func TestEtcd(t *testing.T) {
 		t.Errorf("range after restart = %+v, want value %s", rng.Kvs, val)
 	}
 
-	if err := e.Pause(); err != nil {
-		t.Fatal(err)
-	}
-	if err := etcdHealth(t, e); err == nil {
-		e.Resume()
-		t.Fatal("healthy while paused")
-	}
-	if err := e.Resume(); err != nil {
-		t.Fatal(err)
-	}
+	checkPaused(t, e, "health check", false, func() error { return etcdHealth(t, e) })
 	within(t, 5*time.Second, "healthy after Resume", func() error { return etcdHealth(t, e) })
 }
 
@@ -705,16 +717,10 @@ func TestZooKeeper(t *testing.T) {
 		t.Errorf("session timeout for 60s = %v, %v; want 10s", got, err)
 	}
 
-	if err := z.Pause(); err != nil {
-		t.Fatal(err)
-	}
-	if got, err := zkFourLetter(z.Addr(), "ruok"); err == nil {
-		z.Resume()
-		t.Fatalf("ruok while paused = %q, want a timeout", got)
-	}
-	if err := z.Resume(); err != nil {
-		t.Fatal(err)
-	}
+	checkPaused(t, z, "ruok", false, func() error {
+		_, err := zkFourLetter(z.Addr(), "ruok")
+		return err
+	})
 	within(t, 5*time.Second, "ruok after Resume", func() error {
 		got, err := zkFourLetter(z.Addr(), "ruok")
 		if err == nil && got != "imok" {

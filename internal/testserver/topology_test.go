@@ -17,10 +17,7 @@ import (
 // fails over to a replica once the primary is killed.
 func TestReplicatedSentinelFailover(t *testing.T) {
 	s, err := testserver.StartReplicatedSentinel(2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Stop() })
+	stopAtEnd(t, s, err)
 	if got := len(s.Nodes()); got != 3 {
 		t.Fatalf("got %d data nodes, want 3", got)
 	}
@@ -53,10 +50,7 @@ func TestReplicatedSentinelFailover(t *testing.T) {
 // member the leader.
 func TestZooKeeperEnsembleLeader(t *testing.T) {
 	e, err := testserver.StartZooKeeperEnsemble(3, testserver.ZooKeeperOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = e.Stop() })
+	stopAtEnd(t, e, err)
 	if got := len(e.Addrs()); got != 3 {
 		t.Fatalf("got %d addresses, want 3", got)
 	}
@@ -68,16 +62,7 @@ func TestZooKeeperEnsembleLeader(t *testing.T) {
 		t.Fatal(err)
 	}
 	// An election under load may outlast one Leader call's own wait.
-	within(t, 30*time.Second, "another leader", func() error {
-		l2, err := e.Leader()
-		if err != nil {
-			return err
-		}
-		if l2 == l {
-			return fmt.Errorf("got leader %d after killing it, want another member", l2)
-		}
-		return nil
-	})
+	awaitNewLeader(t, 30*time.Second, e.Leader, l)
 	if err := e.Servers()[l].Restart(); err != nil {
 		t.Errorf("restart the old leader: %v", err)
 	}
@@ -97,16 +82,7 @@ func TestPartitionableEtcdCluster(t *testing.T) {
 	if err := c.Partition(idx); err != nil {
 		t.Fatal(err)
 	}
-	within(t, 20*time.Second, "a new leader", func() error {
-		l2, err := c.Leader()
-		if err != nil {
-			return err
-		}
-		if l2 == l {
-			return fmt.Errorf("leader is still %s", l.Name())
-		}
-		return nil
-	})
+	awaitNewLeader(t, 20*time.Second, c.Leader, l)
 	if err := c.Heal(idx); err != nil {
 		t.Fatal(err)
 	}
@@ -134,16 +110,7 @@ func TestPartitionableZooKeeperEnsemble(t *testing.T) {
 	if err := e.Partition(l); err != nil {
 		t.Fatal(err)
 	}
-	within(t, 20*time.Second, "a new leader", func() error {
-		l2, err := e.Leader()
-		if err != nil {
-			return err
-		}
-		if l2 == l {
-			return fmt.Errorf("leader is still server %d", l+1)
-		}
-		return nil
-	})
+	awaitNewLeader(t, 20*time.Second, e.Leader, l)
 	if err := e.Heal(l); err != nil {
 		t.Fatal(err)
 	}
@@ -153,10 +120,7 @@ func TestPartitionableZooKeeperEnsemble(t *testing.T) {
 // to the replica when its primary is killed.
 func TestReplicatedClusterFailover(t *testing.T) {
 	c, err := testserver.StartReplicatedCluster(3, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Stop() })
+	stopAtEnd(t, c, err)
 	if got := len(c.Addrs()); got != 6 {
 		t.Fatalf("got %d nodes, want 6", got)
 	}
@@ -221,6 +185,32 @@ func TestPartitionableSentinel(t *testing.T) {
 		_, err := s.Nodes()[0].Do(ctx, "PING")
 		return err
 	})
+}
+
+// awaitNewLeader polls leader until it names another leader than old,
+// failing the test if that takes longer than d.
+func awaitNewLeader[L comparable](t *testing.T, d time.Duration, leader func() (L, error), old L) {
+	t.Helper()
+	within(t, d, "a new leader", func() error {
+		l, err := leader()
+		if err != nil {
+			return err
+		}
+		if l == old {
+			return fmt.Errorf("leader is still %v", old)
+		}
+		return nil
+	})
+}
+
+// stopAtEnd fails the test if topology s did not start (err), else stops
+// it when the test ends.
+func stopAtEnd(t *testing.T, s interface{ Stop() error }, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Stop() })
 }
 
 // startPartitionable skips the test where network namespaces cannot be
