@@ -352,8 +352,7 @@ func (l *Lease) holdUntil(ctx context.Context, r *Request, until time.Time) erro
 		if err == nil || errors.Is(err, ErrNotHeld) {
 			return err
 		}
-		retry := min(max(l.TTL()/10, time.Millisecond), max(time.Until(expires)/2, time.Millisecond))
-		t := time.NewTimer(retry)
+		t := time.NewTimer(retryAfter(l.TTL(), time.Until(expires)))
 		select {
 		case <-ctx.Done():
 			t.Stop()

@@ -189,8 +189,7 @@ func (c *Client) settle(r renewResult) {
 			lost, causes = append(lost, l), append(causes, fmt.Errorf("%w (renewals failed until it could have expired)", err))
 			continue
 		default:
-			retry := min(max(cur/10, time.Millisecond), max(expires.Sub(now)/2, time.Millisecond))
-			l.next = now.Add(retry)
+			l.next = now.Add(retryAfter(cur, expires.Sub(now)))
 		}
 		heap.Push(&c.renew, l)
 	}
@@ -248,4 +247,11 @@ func (h *leaseHeap) remove(l *Lease) {
 	if i := *h.idx(l); i >= 0 {
 		heap.Remove(h, i)
 	}
+}
+
+// retryAfter is how long to wait before retrying a failed renewal of a
+// lease of ttl whose lock has left until it could expire: a tenth of the
+// TTL, at most half of what is left, at least a millisecond.
+func retryAfter(ttl, left time.Duration) time.Duration {
+	return min(max(ttl/10, time.Millisecond), max(left/2, time.Millisecond))
 }
