@@ -3,7 +3,9 @@ package redislock_test
 import (
 	"context"
 	"crypto/rand"
+	"runtime"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -365,4 +367,42 @@ func interleave(b *testing.B, ops ...func()) []float64 {
 		us[j] = float64(d) / float64(b.N) / 1e3
 	}
 	return us
+}
+
+// BenchmarkParallel is the bench module's S2 on one dlock.Client: 32
+// goroutines, each taking and releasing a key of its own, with a context
+// that has a deadline, on a client with ContextTimeoutEnabled. Pipelines
+// batches the goroutines' concurrent script calls (the default,
+// WithPipelines(2)); Alone sends each call on its own connection
+// (WithPipelines(0)). One op is one acquire + release.
+func BenchmarkParallel(b *testing.B) {
+	for _, n := range []int{0, 2} {
+		name := "Alone" + strconv.Itoa(n)
+		if n > 0 {
+			name = "Pipelines" + strconv.Itoa(n)
+		}
+		b.Run(name, func(b *testing.B) {
+			rdb := newRDB(b, srv.Addr(), func(o *redis.Options) { o.ContextTimeoutEnabled = true })
+			c := dlock.New(redislock.New(rdb, redislock.WithPipelines(n)))
+			b.Cleanup(func() { c.Close() })
+			prefix := key(b)
+			var next atomic.Int64
+			b.SetParallelism(max(1, 32/runtime.GOMAXPROCS(0)))
+			b.RunParallel(func(pb *testing.PB) {
+				k := prefix + strconv.FormatInt(next.Add(1), 10)
+				for pb.Next() {
+					ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+					l, err := c.Acquire(ctx, k)
+					if err == nil {
+						err = l.Release(ctx)
+					}
+					cancel()
+					if err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
+	}
 }

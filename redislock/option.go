@@ -26,6 +26,13 @@ const (
 	// stays reserved for it without being claimed (see WithWaiterTTL).
 	DefaultWaiterTTL = 400 * time.Millisecond
 
+	// DefaultPipelines is how many pipelines of script calls a Backend has
+	// in flight at once (see WithPipelines).
+	DefaultPipelines = 2
+
+	// maxPipelines bounds WithPipelines.
+	maxPipelines = 1024
+
 	// maxPrefixLen keeps key names within reason (the key itself is at most
 	// dlock.MaxKeyLen bytes).
 	maxPrefixLen = 256
@@ -42,10 +49,11 @@ type config struct {
 	waiterTTL  time.Duration
 	replicas   int           // WithReplicas: 0 = off
 	replWait   time.Duration // WithReplicas: the WAIT timeout
+	pipelines  int           // WithPipelines: 0 = every call alone
 }
 
 func defaultConfig() config {
-	return config{prefix: DefaultPrefix, subTimeout: DefaultSubscribeTimeout, waiterTTL: DefaultWaiterTTL}
+	return config{prefix: DefaultPrefix, subTimeout: DefaultSubscribeTimeout, waiterTTL: DefaultWaiterTTL, pipelines: DefaultPipelines}
 }
 
 // WithPrefix sets the text that starts every key and channel name. Default
@@ -146,6 +154,28 @@ func WithReplicas(n int, timeout time.Duration) Option {
 			return fmt.Errorf("redislock: %w: WithReplicas: timeout %v, want at least 1ms", dlock.ErrInvalidOption, timeout)
 		}
 		c.replicas, c.replWait = n, timeout
+		return nil
+	}
+}
+
+// WithPipelines sets how many of the Backend's script calls may be in
+// flight before further ones are batched: while n are, the calls its other
+// goroutines make wait, and the first of them then sends them together in
+// one pipeline (up to 64 calls). A call's context bounds it as always (see
+// New). Batching saves the server a read and a write per call, so many
+// goroutines on one Backend carry more locks per second (see the package
+// documentation, Pipelining). n = 0 sends every call alone, each on a
+// connection of its own.
+//
+// Default DefaultPipelines (2). An n below 0 or above 1024 is an
+// ErrInvalidOption error. Acquisitions with WithReplicas are never
+// batched: WAIT must follow the script on its connection.
+func WithPipelines(n int) Option {
+	return func(c *config) error {
+		if n < 0 || n > maxPipelines {
+			return fmt.Errorf("redislock: %w: WithPipelines: %d, want 0 to %d", dlock.ErrInvalidOption, n, maxPipelines)
+		}
+		c.pipelines = n
 		return nil
 	}
 }

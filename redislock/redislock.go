@@ -74,6 +74,9 @@ type Backend struct {
 	ctxDeadlines bool
 	closed       atomic.Bool
 	hub          hub
+	// batch sends concurrent script calls together (nil with
+	// WithPipelines(0)).
+	batch *batcher
 	// tombs hints which locks granted with a fence floor may hold a
 	// tombstone (see tombstones).
 	tombs tombstones
@@ -96,6 +99,7 @@ type Backend struct {
 // the context has a deadline, the call runs directly and go-redis ends it
 // at the deadline (a cancellation before the deadline then waits for the
 // reply, and a grant that arrives too late expires with its TTL).
+// Concurrent calls are sent together in pipelines (see WithPipelines).
 func New(rdb Client, opts ...Option) *Backend {
 	// rand.Text is 26 characters: IDLEN in queue_lib.lua.
 	b := &Backend{cfg: defaultConfig(), id: rand.Text()}
@@ -127,6 +131,9 @@ func New(rdb Client, opts ...Option) *Backend {
 	if b.cfg.replicas > 0 && readTimeout > 0 && b.cfg.replWait >= readTimeout {
 		b.err = fmt.Errorf("redislock: %w: WithReplicas: timeout %v is not shorter than the client's ReadTimeout %v", dlock.ErrInvalidOption, b.cfg.replWait, readTimeout)
 		return b
+	}
+	if b.cfg.pipelines > 0 {
+		b.batch = &batcher{rdb: rdb, max: b.cfg.pipelines}
 	}
 	b.claim = ttlArg(b.cfg.waiterTTL)
 	b.wakePre = b.cfg.prefix + "wake:"
@@ -367,50 +374,12 @@ func (b *Backend) RefreshMany(ctx context.Context, rs []dlock.Request) []error {
 	if len(idx) == 0 {
 		return errs
 	}
-	type call struct {
-		s    *redis.Script // refresh.lua, or kind_refresh.lua for permits and read holds
-		keys []string
-		args []any
-	}
-	calls := make([]call, len(idx))
+	calls := make([]scriptCall, len(idx))
 	for j, i := range idx {
-		s, keys, args := b.refreshCall(rs[i])
-		calls[j] = call{s: s, keys: keys, args: args}
+		calls[j].s, calls[j].keys, calls[j].args = b.refreshCall(rs[i]) // refresh.lua, or kind_refresh.lua
 	}
 	run := func(ctx context.Context) ([]*redis.Cmd, error) {
-		cmds := make([]*redis.Cmd, len(calls))
-		pipe := b.rdb.Pipeline()
-		for j, c := range calls {
-			cmds[j] = pipe.EvalSha(ctx, c.s.Hash(), c.keys, c.args...)
-		}
-		_, _ = pipe.Exec(ctx) // errors are per command
-		again := noScript(cmds, nil)
-		if len(again) > 1 {
-			// Load each script once (on every shard, with a ClusterClient)
-			// rather than send its source with every command.
-			loaded := map[*redis.Script]bool{}
-			for _, j := range again {
-				if s := calls[j].s; !loaded[s] {
-					loaded[s] = s.Load(ctx, b.rdb).Err() == nil
-				}
-			}
-			pipe := b.rdb.Pipeline()
-			for _, j := range again {
-				if loaded[calls[j].s] {
-					cmds[j] = pipe.EvalSha(ctx, calls[j].s.Hash(), calls[j].keys, calls[j].args...)
-				}
-			}
-			_, _ = pipe.Exec(ctx)
-			again = noScript(cmds, again)
-		}
-		if len(again) > 0 {
-			pipe := b.rdb.Pipeline()
-			for _, j := range again {
-				cmds[j] = calls[j].s.Eval(ctx, pipe, calls[j].keys, calls[j].args...)
-			}
-			_, _ = pipe.Exec(ctx)
-		}
-		return cmds, nil
+		return runScripts(ctx, b.rdb, len(calls), func(j int) scriptCall { return calls[j] }), nil
 	}
 	cmds, err := guard(b, ctx, true, run, nil)
 	for j, i := range idx {
@@ -509,26 +478,6 @@ func (b *Backend) inspect(ctx context.Context, op, key string, del bool) (dlock.
 	return dlock.Info{}, unexpected(op, v)
 }
 
-// noScript returns the indexes (among idx, or all when idx is nil) of the
-// commands that failed with NOSCRIPT.
-func noScript(cmds []*redis.Cmd, idx []int) []int {
-	var out []int
-	check := func(j int) {
-		if redis.HasErrorPrefix(cmds[j].Err(), "NOSCRIPT") {
-			out = append(out, j)
-		}
-	}
-	if idx == nil {
-		for j := range cmds {
-			check(j)
-		}
-	}
-	for _, j := range idx {
-		check(j)
-	}
-	return out
-}
-
 // Close ends the shared subscription connection and its goroutine. It
 // does not close the go-redis client passed to New. Later calls fail with
 // an error matching dlock.ErrClosed. Close is idempotent.
@@ -551,7 +500,7 @@ func (b *Backend) callErr(op, key string, err error) error {
 // returns its reply, or the failure wrapped with op and key.
 func (b *Backend) runScript(ctx context.Context, op, key string, s *redis.Script, keys []string, args []any) (any, error) {
 	run := func(ctx context.Context) (any, error) {
-		return s.Run(ctx, b.rdb, keys, args...).Result()
+		return b.script(ctx, s, keys, args)
 	}
 	v, err := guard(b, ctx, true, run, nil)
 	if err != nil {

@@ -568,6 +568,8 @@ func TestOptions(t *testing.T) {
 		"LongPrefix":     redislock.New(rdb, redislock.WithPrefix(strings.Repeat("p", 257))),
 		"ZeroSubTimeout": redislock.New(rdb, redislock.WithSubscribeTimeout(0)),
 		"NegSubTimeout":  redislock.New(rdb, redislock.WithSubscribeTimeout(-time.Second)),
+		"NegPipelines":   redislock.New(rdb, redislock.WithPipelines(-1)),
+		"ManyPipelines":  redislock.New(rdb, redislock.WithPipelines(1025)),
 	}
 	for name, b := range bad {
 		t.Run(name, func(t *testing.T) {

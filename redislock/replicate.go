@@ -30,7 +30,7 @@ type reply struct {
 // to the primary of keys[0]'s slot.
 func (b *Backend) eval(ctx context.Context, s *redis.Script, keys []string, args ...any) (reply, error) {
 	if b.cfg.replicas == 0 {
-		v, err := s.Run(ctx, b.rdb, keys, args...).Result()
+		v, err := b.script(ctx, s, keys, args)
 		return reply{v: v, acks: -1}, err
 	}
 	var conn interface{ Pipeline() redis.Pipeliner } = b.rdb
