@@ -82,9 +82,10 @@
 //	                          (scripts that created lib.lua's functions
 //	                          on every call: median 0.77×, 0.59–1.09×,
 //	                          in runs alternating with them)
-//	S3, 16 clients, one key   default options: 3,701 hand-offs/s, 2.03×
-//	                          rueidislock, Jain 1.000, 2.00 requests and
-//	                          13.0 server commands per acquisition
+//	S3, 16 clients, one key   default options: 4,866 hand-offs/s, 1.54×
+//	                          rueidislock (2.03× on a busier machine),
+//	                          Jain 1.000, 2.01 requests and 13.0 server
+//	                          commands per acquisition
 //	100,000 held locks        one key each, about 240 bytes of used_memory
 //	a Redlock node's cycle    BenchmarkFloorCycle (acquire with a fence
 //	                          floor, release): 6.00 commands per cycle
@@ -106,9 +107,9 @@
 // out of reach: an EVALSHA costs the server about 4 µs before its first
 // redis.call (INFO commandstats on Redis 7.0.15: 5.1 µs per fenced
 // script against 0.9 µs for a SET), and a fenced cycle needs two scripts,
-// so the fenced floor (internal/fencedfloor) makes 0.76× the raw floor's
-// cycles in the bench module's S1, and this package 0.93× the fenced
-// floor.
+// so in the bench module's S1 on a quiet machine the fenced floor
+// (internal/fencedfloor) makes 0.79× the raw floor's cycles and this
+// package 0.90× the fenced floor (docs/bench/redis-kinds.md).
 //
 //   - acquire.lua takes a free lock (SET NX PX GET, count 1, fence: the
 //     server time) or one that holds a tombstone (fence above it, see
@@ -157,9 +158,9 @@
 // goroutine.
 //
 // Measured with the bench module's S2 (32 goroutines on 32 keys, one
-// Client, Redis 7.0.15, 2 cores, load 1–2): 44,700 cycles/s against
-// 29,900–36,000 with every call alone, 0.86× rueidislock (which
-// pipelines every command of a client on one connection) and 0.95×
+// Client, Redis 7.0.15, 2 cores, load 1–2): 42,600 cycles/s against
+// 29,900–36,000 with every call alone, 0.85× rueidislock (which
+// pipelines every command of a client on one connection) and 0.91×
 // bsm/redislock; BenchmarkParallel: 21.7 µs per cycle against 27.2 µs
 // alone. Two slots beat one (24.5 µs: the server idles while a lone
 // batch's replies travel) and three or more (22.0–24.1 µs: smaller
