@@ -40,6 +40,16 @@ type batchCall struct {
 	done chan struct{}
 }
 
+// callPool holds batchCalls done with, to be used again.
+var callPool = sync.Pool{New: func() any { return &batchCall{done: make(chan struct{}, 1)} }}
+
+// recycle clears bc and puts it in callPool. Its goroutine calls it when
+// bc is done with: unqueued, or its reply read (no one signals it again).
+func (bc *batchCall) recycle() {
+	bc.scriptCall, bc.v, bc.err, bc.send = scriptCall{}, nil, nil, nil
+	callPool.Put(bc)
+}
+
 // run runs c on the server and returns its reply. A call sent alone is
 // bound by ctx as go-redis binds it; a batch is sent with ctx's values
 // only, bounded by the client's timeouts. A waiting call whose ctx ends
@@ -54,7 +64,9 @@ func (bt *batcher) run(ctx context.Context, c scriptCall) (any, error) {
 		bt.next()
 		return v, err
 	}
-	bc := &batchCall{scriptCall: c, done: make(chan struct{}, 1)}
+	bc := callPool.Get().(*batchCall)
+	bc.scriptCall = c
+	defer bc.recycle()
 	bt.pending = append(bt.pending, bc)
 	bt.mu.Unlock()
 	select {

@@ -170,6 +170,10 @@ func TestPipelinesCancelWaiting(t *testing.T) {
 				}
 			}
 			// Never sent, or given back: the lock is free for another token.
+			waitFor(t, 5*time.Second, "every call to be done", func() bool {
+				in, waiting := redislock.Batched(bt.b)
+				return in == 0 && waiting == 0
+			})
 			waitFor(t, 5*time.Second, "the lock to be free", func() bool {
 				return bt.rdb.Exists(context.Background(), bt.b.LockName(k)).Val() == 0
 			})
