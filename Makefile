@@ -38,7 +38,7 @@ unit:
 	@echo "go test -p $(TESTP) $(MODULES)"; $(GO) test $(TESTFLAGS) -p $(TESTP) $(PKGS)
 
 # modcheck: every module installs from a file proxy built from a tagged copy
-# of the working tree, offline (scripts/modcheck.sh, docs/RELEASING.md).
+# of the working tree (scripts/modcheck.sh, docs/RELEASING.md).
 modcheck:
 	@bash scripts/modcheck.sh
 

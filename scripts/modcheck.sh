@@ -13,10 +13,12 @@
 #     https://github.com/dlock-go/dlock at the temporary repository), so the
 #     module zips and their subdirectory tags are exactly what a proxy would
 #     serve after the tags are pushed.
-#  4. In a fresh module outside the repository, with only that proxy and the
-#     local module cache as file proxies (GOPROXY=file://...), a module
-#     cache of its own (third-party modules linked from the local one) and no
-#     checksum database: `go get` of every library module,
+#  4. In a fresh module outside the repository, with that proxy and the
+#     local module cache as file proxies in front of GOPROXY (which serves
+#     only the third-party versions the local cache lacks: a command's own
+#     go.mod may select older ones than the workspace build downloaded), a
+#     module cache of its own (third-party modules linked from the local
+#     one) and no checksum database: `go get` of every library module,
 #     `go install github.com/dlock-go/dlock/cmd/dlock@latest` (the README's
 #     command) and of the other commands at V (resolved, not built), then
 #     builds and runs a program that takes a lock on memlock and imports every
@@ -198,7 +200,7 @@ fi
 
 sharedcache "$tmp/modcache"
 export GOMODCACHE="$tmp/modcache" GOBIN="$tmp/bin"
-export GOPROXY="file://$proxy,file://$modcache/cache/download"
+export GOPROXY="file://$proxy,file://$modcache/cache/download,$upstream"
 export GOSUMDB=off GONOSUMDB="$repo_path" GONOSUMCHECK=1 GOPRIVATE= GONOPROXY= GOINSECURE=
 export GOWORK=off GOTOOLCHAIN=local GOFLAGS="-mod=mod -modcacherw -trimpath"
 consumer="$tmp/consumer"
