@@ -163,7 +163,7 @@
 // 29,900–36,000 with every call alone, 0.85× rueidislock (which
 // pipelines every command of a client on one connection) and 0.91×
 // bsm/redislock; BenchmarkParallel: 21.7 µs per cycle against 27.2 µs
-// alone. Two slots beat one (24.5 µs: the server idles while a lone
+// alone. Two slots beat one (25.1 µs: the server idles while a lone
 // batch's replies travel) and three or more (22.0–24.1 µs: smaller
 // batches). Acquisitions with WithReplicas are not batched: WAIT must
 // follow the script on the same connection.
