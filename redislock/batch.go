@@ -141,7 +141,7 @@ func runScripts(ctx context.Context, rdb Client, n int, call func(int) scriptCal
 		c := call(i)
 		cmds[i] = pipe.EvalSha(ctx, c.s.Hash(), c.keys, c.args...)
 	}
-	exec(ctx, pipe, cmds, nil)
+	exec(ctx, pipe, cmds)
 	again := noScript(cmds, nil)
 	if len(again) > 1 {
 		// Load each script once (on every shard, with a ClusterClient)
@@ -158,7 +158,7 @@ func runScripts(ctx context.Context, rdb Client, n int, call func(int) scriptCal
 				cmds[i] = pipe.EvalSha(ctx, c.s.Hash(), c.keys, c.args...)
 			}
 		}
-		exec(ctx, pipe, cmds, again)
+		exec(ctx, pipe, cmds)
 		again = noScript(cmds, again)
 	}
 	if len(again) > 0 {
@@ -167,32 +167,25 @@ func runScripts(ctx context.Context, rdb Client, n int, call func(int) scriptCal
 			c := call(i)
 			cmds[i] = c.s.Eval(ctx, pipe, c.keys, c.args...)
 		}
-		exec(ctx, pipe, cmds, again)
+		exec(ctx, pipe, cmds)
 	}
 	return cmds
 }
 
-// exec sends pipe, which holds cmds (those among idx, or all when idx is
-// nil). go-redis gives up a pipeline whose retries all failed (a
-// failover's broken connections) without setting its commands' errors:
-// those get the pipeline's error, as their outcome is unknown.
-func exec(ctx context.Context, pipe redis.Pipeliner, cmds []*redis.Cmd, idx []int) {
+// exec sends pipe, which holds some of cmds. go-redis gives up a pipeline
+// whose retries all failed (a failover's broken connections) without
+// setting its commands' errors: those get the pipeline's error, as their
+// outcome is unknown. (A command that completed has a value or an error,
+// redis.Nil for a nil reply, so only unsent ones are touched.)
+func exec(ctx context.Context, pipe redis.Pipeliner, cmds []*redis.Cmd) {
 	_, err := pipe.Exec(ctx) // otherwise errors are per command
 	if err == nil {
 		return
 	}
-	set := func(c *redis.Cmd) {
+	for _, c := range cmds {
 		if c.Err() == nil && c.Val() == nil {
 			c.SetErr(err)
 		}
-	}
-	if idx == nil {
-		for _, c := range cmds {
-			set(c)
-		}
-	}
-	for _, i := range idx {
-		set(cmds[i])
 	}
 }
 

@@ -20,7 +20,7 @@ import (
 
 // pipeHook counts the commands go-redis sends alone and in pipelines.
 type pipeHook struct {
-	alone, pipelines, piped atomic.Int64
+	alone, pipelines atomic.Int64
 }
 
 func (h *pipeHook) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -35,7 +35,6 @@ func (h *pipeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 func (h *pipeHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		h.pipelines.Add(1)
-		h.piped.Add(int64(len(cmds)))
 		return next(ctx, cmds)
 	}
 }
