@@ -132,8 +132,8 @@
 //     waiting writer's claim, kind_inspect.lua reads or removes the holds,
 //     kind_queue.lua is one step of a permit wait and kind_leave.lua takes
 //     a permit waiter that gives up out of its queue;
-//     kind_value.lua and kind_lead_refresh.lua keep a leader's value (see
-//     Permits and read holds, and Leader election).
+//     kind_value.lua stores a leader's value, which refresh.lua extends
+//     with its lock (see Permits and read holds, and Leader election).
 //
 // Reply codes are named in replies.go (and kind.go).
 //
@@ -380,7 +380,7 @@
 // FENCE:VALUE right after the grant (a second round trip), with the
 // lock's remaining TTL; SetValue replaces it while the token's grant
 // still holds the lock; renewals of a request with a Value extend it with
-// the lock (kind_lead_refresh.lua). Inspect reports it in Info.Value when
+// the lock (refresh.lua, given the value's key). Inspect reports it in Info.Value when
 // its fence is the holder's (a GET in the inspection's pipeline: one
 // round trip), so a value left by an earlier leader is never reported for
 // a later one. After a Proclaim the Client's renewals carry the new value.

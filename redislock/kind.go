@@ -171,12 +171,12 @@ func (b *Backend) releaseShared(ctx context.Context, r dlock.Request) error {
 }
 
 // refreshCall returns the script, keys and arguments that refresh r: a
-// lock's (refresh.lua; a leader's, with its value: kind_lead_refresh.lua)
-// or a permit's or read hold's (kind_refresh.lua).
+// lock's (refresh.lua, with a leader's value when it has one) or a
+// permit's or read hold's (kind_refresh.lua).
 func (b *Backend) refreshCall(r dlock.Request) (*redis.Script, []string, []any) {
 	lock := b.lockName(r.Key)
 	if r.Kind == dlock.KindLock && r.Value != "" {
-		return leadRefreshScript, []string{lock, valueName(lock)}, []any{r.Token, fenceArg(r.Fence), b.ttlArg(r.TTL)}
+		return refreshScript, []string{lock, valueName(lock)}, []any{r.Token, fenceArg(r.Fence), b.ttlArg(r.TTL)}
 	}
 	if r.Kind == dlock.KindLock {
 		return refreshScript, []string{lock}, []any{r.Token, fenceArg(r.Fence), b.ttlArg(r.TTL)}

@@ -76,6 +76,20 @@ local function decode(lock, v)
   return 'lock', tonumber(f), tonumber(n), fl, tonumber(a), t
 end
 
+-- holding reads the GET reply v of lock: when token holds it by the grant
+-- of fence fa ('' matches any), it returns nil, fence, count, flags,
+-- ahead, token; otherwise the script's reply: the wrong-type reply, or 0.
+local function holding(lock, v, token, fa)
+  local state, f, n, fl, a, t = decode(lock, v)
+  if state == 'wrong' then
+    return f
+  end
+  if state ~= 'lock' or n == 0 or t ~= token or (fa ~= '' and fmt(f) ~= fa) then
+    return 0
+  end
+  return nil, f, n, fl, a, t
+end
+
 -- free deletes a lock whose last hold was given up, or, when its fence f
 -- ran ahead of the server clock at the grant (a > 0), leaves a tombstone
 -- of f (with the lock's AHEAD a) until the clock passes f.

@@ -1,6 +1,7 @@
 -- refresh.lua: extend a lock held by a token.
 --
--- KEYS[1]  the lock
+-- KEYS[1]  the lock; KEYS[2], when given, an elected leader's value
+--          (kind_value.lua), extended with it
 -- ARGV[1]  the owner token
 -- ARGV[2]  the fence of the grant, or "" to match any
 -- ARGV[3]  the TTL in milliseconds
@@ -14,15 +15,15 @@
 --         {-1, key, type} when the key holds a value of another type.
 --#include lib.lua
 local lock = KEYS[1]
-local state, f, n, fl, a, t = decode(lock, redis.pcall('GET', lock))
-if state == 'wrong' then
-  return f
-end
-if state ~= 'lock' or n == 0 or t ~= ARGV[1] or (ARGV[2] ~= '' and fmt(f) ~= ARGV[2]) then
-  return 0
+local r, f, n, fl, a, t = holding(lock, redis.pcall('GET', lock), ARGV[1], ARGV[2])
+if r then
+  return r
 end
 if has(fl, 'c') then
   redis.call('SET', lock, pack(f, n, string.gsub(fl, 'c', ''), a, t), 'KEEPTTL')
 end
 redis.call('PEXPIRE', lock, ARGV[3], 'GT')
+if KEYS[2] then
+  redis.call('PEXPIRE', KEYS[2], ARGV[3], 'GT')
+end
 return 1

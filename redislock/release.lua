@@ -34,12 +34,9 @@ if fa ~= '' and type(v) == 'string' then
   end
 end
 --#include lib.lua
-local state, f, n, fl, a, t = decode(lock, v)
-if state == 'wrong' then
-  return f
-end
-if state ~= 'lock' or n == 0 or t ~= ARGV[1] or (fa ~= '' and fmt(f) ~= fa) then
-  return 0
+local r, f, n, fl, a, t = holding(lock, v, token, fa)
+if r then
+  return r
 end
 if n > 1 then
   redis.call('SET', lock, pack(f, n - 1, fl, a, t), 'KEEPTTL')

@@ -52,8 +52,6 @@ var (
 	kindInspectSrc string
 	//go:embed kind_value.lua
 	kindValueSrc string
-	//go:embed kind_lead_refresh.lua
-	kindLeadRefreshSrc string
 	//go:embed kind_queue.lua
 	kindQueueSrc string
 	//go:embed kind_leave.lua
@@ -74,7 +72,6 @@ var (
 	kindClaimScript   = script(kindClaimSrc)
 	kindInspectScript = script(kindInspectSrc)
 	kindValueScript   = script(kindValueSrc)
-	leadRefreshScript = script(kindLeadRefreshSrc)
 	kindQueueScript   = script(kindQueueSrc)
 	kindLeaveScript   = script(kindLeaveSrc)
 )
