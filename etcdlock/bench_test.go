@@ -75,7 +75,7 @@ func benchHandoff(b *testing.B, workers int) {
 	slice := envDuration(b, "HANDOFF_SLICE", 250*time.Millisecond)
 	rounds := max(int(10*time.Second/slice), 1)
 	key := locktest.Key(b)
-	newOurs := func(p etcdlock.Protocol) *contenders {
+	newOurs := func(p etcdlock.Protocol) *handoff.Metered[etcdMetrics] {
 		return newContenders(workers, hold, func() handoff.Worker {
 			eb := etcdlock.New(newCli(b, srv.Endpoints()))
 			etcdlock.SetProtocol(eb, p)
@@ -88,7 +88,7 @@ func benchHandoff(b *testing.B, workers int) {
 	// each saves.
 	perWait := etcdlock.AllOn
 	perWait.AnchorStream, perWait.ShareWatches = false, false
-	sets := []*contenders{newOurs(etcdlock.AllOn), newOurs(perWait), newOurs(etcdlock.Protocol{}), newContenders(workers, hold, func() handoff.Worker {
+	sets := []*handoff.Metered[etcdMetrics]{newOurs(etcdlock.AllOn), newOurs(perWait), newOurs(etcdlock.Protocol{}), newContenders(workers, hold, func() handoff.Worker {
 		s, err := concurrency.NewSession(newCli(b, srv.Endpoints()), concurrency.WithTTL(int(ttl/time.Second)))
 		if err != nil {
 			b.Fatalf("NewSession: %v", err)
@@ -103,21 +103,17 @@ func benchHandoff(b *testing.B, workers int) {
 	for _, c := range sets {
 		defer c.Close()
 	}
-	rates, ratios := handoff.Rounds(len(sets), rounds, func(i int) float64 { return sets[i].run(slice) })
+	rates, ratios := handoff.Compare(b, names, sets, rounds, slice, (*etcdMetrics).per)
 	if b.Failed() {
 		return
 	}
 	b.ReportMetric(0, "ns/op")
-	for i, name := range names {
-		b.Logf("%-28s hand-offs/s per slice: %.0f", name, rates[i])
-		b.Logf("%-28s median %.0f/s, median ratio to the peer %.2f; per grant: %s", name, handoff.Median(rates[i]), handoff.Median(ratios[i]), sets[i].srv.per(sets[i].Total))
-	}
 	b.ReportMetric(handoff.Median(rates[0]), "etcdlock-handoffs/s")
 	b.ReportMetric(handoff.Median(rates[len(sets)-1]), "Mutex-handoffs/s")
 	b.ReportMetric(handoff.Median(ratios[0]), "median-ratio")
 	b.ReportMetric(handoff.Median(ratios[2]), "legacy-median-ratio")
-	b.ReportMetric(sets[0].srv.requests()/float64(max(sets[0].Total, 1)), "etcdlock-rpcs/op")
-	b.ReportMetric(sets[2].srv.requests()/float64(max(sets[2].Total, 1)), "legacy-rpcs/op")
+	b.ReportMetric(sets[0].Srv.requests()/float64(max(sets[0].Total, 1)), "etcdlock-rpcs/op")
+	b.ReportMetric(sets[2].Srv.requests()/float64(max(sets[2].Total, 1)), "legacy-rpcs/op")
 }
 
 // envDuration returns the duration the environment variable name sets, or
@@ -135,29 +131,11 @@ func envDuration(b *testing.B, name string, def time.Duration) time.Duration {
 	return d
 }
 
-// contenders are a handoff.Set and what the etcd server counted while
-// it ran.
-type contenders struct {
-	*handoff.Set
-	srv etcdMetrics
-}
-
 // newContenders returns n workers made by newWorker, each holding the
-// lock for hold.
-func newContenders(n int, hold time.Duration, newWorker func() handoff.Worker) *contenders {
-	return &contenders{
-		Set: handoff.NewSet(n, func() { time.Sleep(hold) }, newWorker), // the holder's work
-		srv: etcdMetrics{rpcs: make(map[string]float64)},
-	}
-}
-
-// run runs the set for d and returns its grants per second, adding what
-// the server counted meanwhile to c.srv.
-func (c *contenders) run(d time.Duration) float64 {
-	before := scrape()
-	rate := c.Run(d)
-	c.srv.add(scrape(), before)
-	return rate
+// lock for hold, with what the etcd server counts while they run.
+func newContenders(n int, hold time.Duration, newWorker func() handoff.Worker) *handoff.Metered[etcdMetrics] {
+	set := handoff.NewSet(n, func() { time.Sleep(hold) }, newWorker) // the holder's work
+	return handoff.NewMetered(set, etcdMetrics{rpcs: make(map[string]float64)}, scrape, (*etcdMetrics).add)
 }
 
 // etcdMetrics are counters from the etcd server's /metrics.

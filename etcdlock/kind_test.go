@@ -133,14 +133,7 @@ func TestPermitQueue(t *testing.T) {
 	ctx := locktest.Ctx(t, time.Minute)
 	cli := newCli(t, srv.Endpoints())
 	hc, _ := newClient(t, srv.Endpoints())
-	var holders []*dlock.Lease
-	for range n {
-		l, err := hc.Semaphore(key, n).Acquire(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		holders = append(holders, l)
-	}
+	holders := locktest.MustPermits(t, ctx, hc.Semaphore(key, n), n)
 	got := make(chan result, waiters)
 	counters := make([]*rpcCounter, waiters)
 	for i := range waiters {
@@ -272,14 +265,7 @@ func TestKindInspect(t *testing.T) {
 	key := dlocktest.Key(t)
 	ctx := locktest.Ctx(t, time.Minute)
 	c, b := newClient(t, srv.Endpoints())
-	var held []*dlock.Lease
-	for range 2 {
-		l, err := c.Semaphore(key, 2).Acquire(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		held = append(held, l)
-	}
+	held := locktest.MustPermits(t, ctx, c.Semaphore(key, 2), 2)
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	wc, _ := newClient(t, srv.Endpoints())

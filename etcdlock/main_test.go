@@ -1,7 +1,6 @@
 package etcdlock_test
 
 import (
-	"os"
 	"testing"
 	"time"
 
@@ -11,7 +10,6 @@ import (
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/etcdlock"
 	"github.com/dlock-go/dlock/internal/locktest"
-	"github.com/dlock-go/dlock/internal/locktest/testmain"
 	"github.com/dlock-go/dlock/internal/testserver"
 )
 
@@ -19,16 +17,11 @@ import (
 // started once by TestMain; the conformance suite pauses and resumes it.
 var srv *testserver.Etcd
 
+// A holder process (see TestHolderProcess) starts no server of its own.
 func TestMain(m *testing.M) {
-	if locktest.InHolderProcess() {
-		// A holder process (see TestHolderProcess): no server of its own.
-		os.Exit(m.Run())
-	}
-	var err error
-	if srv, err = testserver.StartEtcd(testserver.EtcdOptions{}); err != nil {
-		testmain.Fail("etcdlock", err)
-	}
-	testmain.Run(m, "etcdlock", srv.Stop)
+	locktest.ServerMain(m, "etcdlock", &srv, func() (*testserver.Etcd, error) {
+		return testserver.StartEtcd(testserver.EtcdOptions{})
+	})
 }
 
 // ttl is the lease TTL of most tests: etcd's minimum.

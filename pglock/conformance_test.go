@@ -7,6 +7,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/dlocktest"
+	"github.com/dlock-go/dlock/internal/locktest"
 	"github.com/dlock-go/dlock/pglock"
 )
 
@@ -31,17 +32,7 @@ func harness(newBackend func(*pgxpool.Pool) dlock.Backend) dlocktest.Harness {
 	return dlocktest.Harness{
 		NewBackend: func(t *testing.T) dlock.Backend { return newBackend(newPool(t)) },
 		TTL:        ttl,
-		Outage: func(t *testing.T) func() {
-			t.Helper()
-			if err := srv.Pause(); err != nil {
-				t.Fatalf("pause postgres: %v", err)
-			}
-			return func() {
-				if err := srv.Resume(); err != nil {
-					t.Errorf("resume postgres: %v", err)
-				}
-			}
-		},
+		Outage:     locktest.Outage("postgres", srv),
 	}
 }
 

@@ -54,7 +54,7 @@ func benchHandoff(b *testing.B, workers int) {
 		session = 10 * time.Second
 	)
 	key := fmt.Sprintf("bench-%d", time.Now().UnixNano())
-	newOurs := func(ahead bool) *contenders {
+	newOurs := func(ahead bool) *handoff.Metered[zkMetrics] {
 		return newContenders(workers, hold, func() handoff.Worker {
 			_, be, err := zklock.Connect([]string{zkServer.Addr()}, session, zklock.WithLogger(quiet{}))
 			if err != nil {
@@ -67,7 +67,7 @@ func benchHandoff(b *testing.B, workers int) {
 	// The sets take turns, in a rotating order: zklock as in production,
 	// zklock without watching the node ahead of the predecessor (what that
 	// saves), and the peer.
-	sets := []*contenders{newOurs(true), newOurs(false), newContenders(workers, hold, func() handoff.Worker {
+	sets := []*handoff.Metered[zkMetrics]{newOurs(true), newOurs(false), newContenders(workers, hold, func() handoff.Worker {
 		conn, _, err := zk.Connect([]string{zkServer.Addr()}, session, zk.WithLogger(quiet{}))
 		if err != nil {
 			b.Fatal(err)
@@ -79,40 +79,21 @@ func benchHandoff(b *testing.B, workers int) {
 	for _, c := range sets {
 		defer c.Close()
 	}
-	rates, ratios := handoff.Rounds(len(sets), rounds, func(i int) float64 { return sets[i].run(slice) })
-	for i, name := range names {
-		b.Logf("%-24s hand-offs/s per slice: %.0f", name, rates[i])
-		b.Logf("%-24s median %.0f/s, median ratio to the peer %.2f; per grant: %s", name, handoff.Median(rates[i]), handoff.Median(ratios[i]), sets[i].srv.per(sets[i].Total))
-	}
+	rates, ratios := handoff.Compare(b, names, sets, rounds, slice, (*zkMetrics).per)
 	b.ReportMetric(handoff.Median(rates[0]), "zklock-handoffs/s")
 	b.ReportMetric(handoff.Median(rates[len(sets)-1]), "zk.Lock-handoffs/s")
 	b.ReportMetric(handoff.Median(ratios[0]), "median-ratio")
 	b.ReportMetric(handoff.Median(ratios[1]), "noahead-median-ratio")
-	b.ReportMetric(sets[0].srv.requests/float64(max(sets[0].Total, 1)), "zklock-reqs/op")
-	b.ReportMetric(sets[1].srv.requests/float64(max(sets[1].Total, 1)), "noahead-reqs/op")
-	b.ReportMetric(sets[2].srv.requests/float64(max(sets[2].Total, 1)), "zk.Lock-reqs/op")
-}
-
-// contenders are a handoff.Set and what the ZooKeeper server counted
-// while it ran.
-type contenders struct {
-	*handoff.Set
-	srv zkMetrics
+	b.ReportMetric(sets[0].Srv.requests/float64(max(sets[0].Total, 1)), "zklock-reqs/op")
+	b.ReportMetric(sets[1].Srv.requests/float64(max(sets[1].Total, 1)), "noahead-reqs/op")
+	b.ReportMetric(sets[2].Srv.requests/float64(max(sets[2].Total, 1)), "zk.Lock-reqs/op")
 }
 
 // newContenders returns n workers made by newWorker, each holding the
-// lock for hold (holdFor).
-func newContenders(n int, hold time.Duration, newWorker func() handoff.Worker) *contenders {
-	return &contenders{Set: handoff.NewSet(n, func() { holdFor(hold) }, newWorker)}
-}
-
-// run runs the set for d and returns its grants per second, adding what
-// the server counted meanwhile to c.srv.
-func (c *contenders) run(d time.Duration) float64 {
-	before := scrape()
-	rate := c.Run(d)
-	c.srv.add(scrape(), before)
-	return rate
+// lock for hold (holdFor), with what the ZooKeeper server counts while
+// they run.
+func newContenders(n int, hold time.Duration, newWorker func() handoff.Worker) *handoff.Metered[zkMetrics] {
+	return handoff.NewMetered(handoff.NewSet(n, func() { holdFor(hold) }, newWorker), zkMetrics{}, scrape, (*zkMetrics).add)
 }
 
 // zkMetrics are counters of the ZooKeeper server (four-letter word mntr)

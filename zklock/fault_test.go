@@ -25,16 +25,7 @@ import (
 // that must not disturb the shared one.
 func startServer(t *testing.T) *testserver.ZooKeeper {
 	t.Helper()
-	srv, err := testserver.StartZooKeeper(testserver.ZooKeeperOptions{TickTime: 500 * time.Millisecond})
-	if err != nil {
-		t.Fatalf("StartZooKeeper: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := srv.Stop(); err != nil {
-			t.Errorf("Stop: %v", err)
-		}
-	})
-	return srv
+	return locktest.Own(t, startZooKeeper)
 }
 
 // TestServerStoppedLongerThanSession stops the server (SIGKILL) during a

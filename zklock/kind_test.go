@@ -80,14 +80,7 @@ func TestPermitWakesFirstWaiterOnly(t *testing.T) {
 	obs := observer(t, zkServer.Addr())
 	ctx := locktest.Ctx(t, time.Minute)
 	hc, hb := client(t, zkServer.Addr(), 10*time.Second)
-	var holders []*dlock.Lease
-	for range n {
-		l, err := hc.Semaphore(k, n).Acquire(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		holders = append(holders, l)
-	}
+	holders := locktest.MustPermits(t, ctx, hc.Semaphore(k, n), n)
 	path := hb.KeyPath(k)
 	var waits []<-chan locktest.Outcome
 	var counters []*opCounter

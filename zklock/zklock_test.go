@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"maps"
 	"net"
-	"os"
 	"reflect"
 	"strings"
 	"testing"
@@ -17,7 +16,6 @@ import (
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/dlocktest"
 	"github.com/dlock-go/dlock/internal/locktest"
-	"github.com/dlock-go/dlock/internal/locktest/testmain"
 	"github.com/dlock-go/dlock/internal/testserver"
 	"github.com/dlock-go/dlock/zklock"
 	"github.com/go-zookeeper/zk"
@@ -27,16 +25,15 @@ import (
 // ms: sessions of 1 s to 10 s).
 var zkServer *testserver.ZooKeeper
 
+// A holder process (re-executed as a lock-holding process, see
+// fault_test.go) starts no server of its own.
 func TestMain(m *testing.M) {
-	if locktest.InHolderProcess() {
-		// Re-executed as a lock-holding process (see fault_test.go).
-		os.Exit(m.Run())
-	}
-	var err error
-	if zkServer, err = testserver.StartZooKeeper(testserver.ZooKeeperOptions{TickTime: 500 * time.Millisecond}); err != nil {
-		testmain.Fail("zklock", err)
-	}
-	testmain.Run(m, "zklock", zkServer.Stop)
+	locktest.ServerMain(m, "zklock", &zkServer, startZooKeeper)
+}
+
+// startZooKeeper starts a ZooKeeper server with a tickTime of 500 ms.
+func startZooKeeper() (*testserver.ZooKeeper, error) {
+	return testserver.StartZooKeeper(testserver.ZooKeeperOptions{TickTime: 500 * time.Millisecond})
 }
 
 // quiet discards go-zookeeper's connection log.
@@ -175,16 +172,7 @@ func TestConformance(t *testing.T) {
 		TTL:          session / 20,
 		FIFO:         true,
 		SessionBound: true,
-		Outage: func(t *testing.T) func() {
-			if err := zkServer.Pause(); err != nil {
-				t.Fatalf("Pause: %v", err)
-			}
-			return func() {
-				if err := zkServer.Resume(); err != nil {
-					t.Errorf("Resume: %v", err)
-				}
-			}
-		},
+		Outage:       locktest.Outage("zookeeper", zkServer),
 	})
 }
 

@@ -2,7 +2,7 @@
 // keys, bounded contexts, acquisitions that must succeed or run on their
 // own goroutine, waits for a condition instead of sleeps, Backends and
 // Clients closed with the test (Closing), servers started for a test
-// (Deploy), concurrent workers and their peak (Workers, Peak), lost
+// (Deploy, Own), concurrent workers and their peak (Workers, Peak), lost
 // leases (Lost) and Redis command counts (CommandCalls), so that every
 // package's tests use the same helpers instead of copies.
 //
@@ -159,4 +159,41 @@ func MustAcquire(t testing.TB, ctx context.Context, c *dlock.Client, key string,
 		t.Fatalf("Acquire(%q): %v", key, err)
 	}
 	return l
+}
+
+// MustPermits acquires n permits of s with ctx, failing the test if that
+// fails, and returns their leases.
+func MustPermits(t testing.TB, ctx context.Context, s *dlock.Semaphore, n int) []*dlock.Lease {
+	t.Helper()
+	var ls []*dlock.Lease
+	for range n {
+		l, err := s.Acquire(ctx)
+		if err != nil {
+			t.Fatalf("Semaphore.Acquire: %v", err)
+		}
+		ls = append(ls, l)
+	}
+	return ls
+}
+
+// A Pauser is a server that can be paused and resumed.
+type Pauser interface {
+	Pause() error
+	Resume() error
+}
+
+// Outage returns a conformance Harness's Outage: it pauses srv, named
+// name in its messages, and returns the function that resumes it.
+func Outage(name string, srv Pauser) func(t *testing.T) func() {
+	return func(t *testing.T) func() {
+		t.Helper()
+		if err := srv.Pause(); err != nil {
+			t.Fatalf("pause %s: %v", name, err)
+		}
+		return func() {
+			if err := srv.Resume(); err != nil {
+				t.Errorf("resume %s: %v", name, err)
+			}
+		}
+	}
 }

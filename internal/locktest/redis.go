@@ -60,6 +60,13 @@ func Deploy[S interface{ Stop() error }](t testing.TB, why string, start func() 
 	if testing.Short() {
 		t.Skip(why)
 	}
+	return Own(t, start)
+}
+
+// Own starts servers with start for the test and stops them when it
+// ends, failing the test if either fails. It returns what start returned.
+func Own[S interface{ Stop() error }](t testing.TB, start func() (S, error)) S {
+	t.Helper()
 	s, err := start()
 	if err != nil {
 		t.Fatalf("starting the servers: %v", err)

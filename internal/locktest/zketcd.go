@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/locktest/testmain"
 )
 
 // A holder process is the test binary run again (its TestHolderProcess)
@@ -29,6 +30,21 @@ const (
 // InHolderProcess reports whether the test binary runs as a holder
 // process started by StartHolder.
 func InHolderProcess() bool { return os.Getenv(holderKindEnv) != "" }
+
+// ServerMain runs the tests of m on a server that start returns, stored in
+// *srv and stopped after the tests (testmain.Run, name prefixing its
+// messages); a holder process runs them without a server. It exits the
+// process.
+func ServerMain[S interface{ Stop() error }](m *testing.M, name string, srv *S, start func() (S, error)) {
+	if InHolderProcess() {
+		os.Exit(m.Run())
+	}
+	var err error
+	if *srv, err = start(); err != nil {
+		testmain.Fail(name, err)
+	}
+	testmain.Run(m, name, (*srv).Stop)
+}
 
 // acquireKind takes a hold of kind on key through c: the lock, one permit
 // of a semaphore of 1, or a read hold of a read-write lock.

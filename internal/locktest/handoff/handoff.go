@@ -103,6 +103,52 @@ func (s *Set) Close() {
 	}
 }
 
+// Metered is a Set and the counters M of the server it runs on, summed
+// over its runs.
+type Metered[M any] struct {
+	*Set
+	Srv    M
+	scrape func() M
+	add    func(sum *M, after, before M)
+}
+
+// NewMetered returns set with the counters srv: each Run adds to them,
+// with add, the difference between what scrape reads after and before it.
+func NewMetered[M any](set *Set, srv M, scrape func() M, add func(sum *M, after, before M)) *Metered[M] {
+	return &Metered[M]{Set: set, Srv: srv, scrape: scrape, add: add}
+}
+
+// Run runs the set for d and returns its grants per second, adding what
+// the server counted meanwhile to Srv.
+func (m *Metered[M]) Run(d time.Duration) float64 {
+	before := m.scrape()
+	rate := m.Set.Run(d)
+	m.add(&m.Srv, m.scrape(), before)
+	return rate
+}
+
+// Compare runs sets, the peer's last, for rounds slices of length d each
+// (see Rounds) and returns their rates and ratios. Unless tb has failed,
+// it logs each set's rates under its name with their median, the median
+// ratio to the peer, and per, its server's counters per grant.
+func Compare[M any](tb testing.TB, names []string, sets []*Metered[M], rounds int, d time.Duration, per func(srv *M, grants int64) string) (rates, ratios [][]float64) {
+	tb.Helper()
+	rates, ratios = Rounds(len(sets), rounds, func(i int) float64 { return sets[i].Run(d) })
+	if tb.Failed() {
+		return rates, ratios
+	}
+	width := 0
+	for _, name := range names {
+		width = max(width, len(name)+1)
+	}
+	for i, name := range names {
+		tb.Logf("%-*s hand-offs/s per slice: %.0f", width, name, rates[i])
+		tb.Logf("%-*s median %.0f/s, median ratio to the peer %.2f; per grant: %s",
+			width, name, Median(rates[i]), Median(ratios[i]), per(&sets[i].Srv, sets[i].Total))
+	}
+	return rates, ratios
+}
+
 // Rounds runs n sets, run(i) running set i for a slice and returning its
 // rate: four warm-up rounds, then rounds rounds, each in an order rotated
 // by one. It returns each set's rates and, per round, their ratio to the
