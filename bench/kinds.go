@@ -31,7 +31,6 @@ const k2Hold = time.Millisecond
 
 // kindScenarios returns K1, K2 and K3.
 func kindScenarios() []*scenario {
-	runsN := func(c config) int { return c.runs }
 	return []*scenario{
 		{
 			id: "K1", title: "K1 — semaphore: acquire + release of one permit of 3",
@@ -41,13 +40,7 @@ func kindScenarios() []*scenario {
 				"ZREMRANGEBYSCORE, ZCARD, ZADD, PEXPIRE) takes a permit, one ZREM gives it back. dlock: " +
 				"`Client.Semaphore(key, 3)`, default options (each permit a renewed lease with a fence).",
 			applies: kindApplies("K1"), runs: runsN, measure: measureK1,
-			columns: []column{
-				{key: "ops/s", head: "ops/s", ratio: true},
-				{key: "p50", head: "p50 µs", digits: 0, lowerBetter: true},
-				{key: "p99", head: "p99 µs", digits: 0, lowerBetter: true},
-				{key: "req/op", head: "client req/op", digits: 2, lowerBetter: true},
-				{key: "srv/op", head: "server cmds/op", digits: 2, lowerBetter: true},
-			},
+			columns: cycleCols,
 		},
 		{
 			id: "K2", title: "K2 — readers: 16 clients on one key, read holds against the mutex",
@@ -65,9 +58,9 @@ func kindScenarios() []*scenario {
 				{key: "x mutex", head: "× mutex", digits: 2},
 				{key: "readers max", head: "readers at once", digits: 0},
 				{key: "read srv/op", head: "server cmds/read", digits: 2, lowerBetter: true},
-				{key: "overlaps max", head: "overlaps", digits: 0, lowerBetter: true},
+				overlapsCol,
 			},
-			maxOf: map[string]string{"overlaps": "overlaps max"},
+			maxOf: overlapsMax,
 		},
 		{
 			id: "K3", title: "K3 — leader election: fail-over after the leader's SIGKILL (TTL 2 s)",
@@ -80,12 +73,8 @@ func kindScenarios() []*scenario {
 				"`concurrency.NewElection(session, prefix).Campaign` with a session of the same TTL. The bound " +
 				"to meet on Redis is TTL + 100 ms.",
 			applies: kindApplies("K3"),
-			runs:    func(c config) int { return c.s4Reps }, measure: measureK3,
-			columns: []column{
-				{key: "recovery ms", head: "median ms", digits: 0, lowerBetter: true},
-				{key: "recovery max", head: "max ms", digits: 0, lowerBetter: true},
-			},
-			maxOf:         map[string]string{"recovery ms": "recovery max"},
+			runs:    s4Reps, measure: measureK3,
+			columns: recoveryCols, maxOf: recoveryMax,
 			quickParallel: true,
 		},
 	}

@@ -284,14 +284,41 @@ func num(v float64, digits int) string {
 
 // ---- the scenarios ----
 
-// allScenarios returns every scenario, S1–S6 then the K scenarios: a table of data, long but kept as one list.
-func allScenarios() []*scenario {
-	always := func(*subject) string { return "" }
-	runsN := func(c config) int { return c.runs }
-	reqCols := []column{
+// runsN and s4Reps return how many runs a scenario makes: the configured
+// runs, or S4's repetitions.
+func runsN(c config) int  { return c.runs }
+func s4Reps(c config) int { return c.s4Reps }
+
+// Columns and maxima that several scenarios share.
+var (
+	// reqCols: client requests and server commands per operation.
+	reqCols = []column{
 		{key: "req/op", head: "client req/op", digits: 2, lowerBetter: true},
 		{key: "srv/op", head: "server cmds/op", digits: 2, lowerBetter: true},
 	}
+	// cycleCols: the rate and latency of an acquire + release cycle
+	// (S1, K1), then reqCols.
+	cycleCols = append([]column{
+		{key: "ops/s", head: "ops/s", ratio: true},
+		{key: "p50", head: "p50 µs", digits: 0, lowerBetter: true},
+		{key: "p99", head: "p99 µs", digits: 0, lowerBetter: true},
+	}, reqCols...)
+	// overlapsCol counts acquisitions that found another goroutine
+	// inside; overlapsMax reports its maximum over the runs.
+	overlapsCol = column{key: "overlaps max", head: "overlaps", digits: 0, lowerBetter: true}
+	overlapsMax = map[string]string{"overlaps": "overlaps max"}
+	// recoveryCols: the median and maximum time to recover from a killed
+	// holder (S4, K3), with recoveryMax reporting the maximum.
+	recoveryCols = []column{
+		{key: "recovery ms", head: "median ms", digits: 0, lowerBetter: true},
+		{key: "recovery max", head: "max ms", digits: 0, lowerBetter: true},
+	}
+	recoveryMax = map[string]string{"recovery ms": "recovery max"}
+)
+
+// allScenarios returns every scenario, S1–S6 then the K scenarios: a table of data, long but kept as one list.
+func allScenarios() []*scenario {
+	always := func(*subject) string { return "" }
 	return append([]*scenario{
 		{
 			id: "S1", title: "S1 — uncontended: one goroutine, one key, acquire + release",
@@ -299,11 +326,7 @@ func allScenarios() []*scenario {
 				"Latency is that of a whole acquire + release cycle. Lease TTL %s; the watchdog of " +
 				"the libraries that have one is on (it does not fire within a run).",
 			applies: always, runs: runsN, measure: measureS1,
-			columns: append([]column{
-				{key: "ops/s", head: "ops/s", ratio: true},
-				{key: "p50", head: "p50 µs", digits: 0, lowerBetter: true},
-				{key: "p99", head: "p99 µs", digits: 0, lowerBetter: true},
-			}, reqCols...),
+			columns: cycleCols,
 		},
 		{
 			id: "S2", title: "S2 — parallel: 32 goroutines on 32 keys, one client",
@@ -342,9 +365,9 @@ func allScenarios() []*scenario {
 				{key: "jain", head: "Jain", digits: 3},
 				{key: "req/op", head: "client req/acq", digits: 2, lowerBetter: true},
 				{key: "srv/op", head: "server cmds/acq", digits: 2, lowerBetter: true},
-				{key: "overlaps max", head: "overlaps", digits: 0, lowerBetter: true},
+				overlapsCol,
 			},
-			maxOf: map[string]string{"overlaps": "overlaps max"},
+			maxOf: overlapsMax,
 		},
 		{
 			id: "S4", title: "S4 — crash recovery: the holder (TTL 2 s) is SIGKILLed",
@@ -360,12 +383,8 @@ func allScenarios() []*scenario {
 				}
 				return ""
 			},
-			runs: func(c config) int { return c.s4Reps }, measure: measureS4,
-			columns: []column{
-				{key: "recovery ms", head: "median ms", digits: 0, lowerBetter: true},
-				{key: "recovery max", head: "max ms", digits: 0, lowerBetter: true},
-			},
-			maxOf:         map[string]string{"recovery ms": "recovery max"},
+			runs: s4Reps, measure: measureS4,
+			columns: recoveryCols, maxOf: recoveryMax,
 			quickParallel: true,
 		},
 		{
