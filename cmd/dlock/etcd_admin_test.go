@@ -66,9 +66,7 @@ func TestEtcdInspectAndForceRelease(t *testing.T) {
 	assertLost(t, r, fmt.Sprintf("lost the lock %q", key))
 	w := waiter.wait(30 * time.Second)
 	assertCode(t, w, 0)
-	if !strings.Contains(w.stdout, "got-lock") {
-		t.Errorf("waiter: stdout %q, want got-lock", w.stdout)
-	}
+	assertContains(t, "waiter: stdout", w.stdout, "got-lock")
 
 	none := decodeInfo(t, dlockRun(t, with("release", "--force", "--json", key)...))
 	if none.Held || none.Action == nil || *none.Action != "none" {

@@ -137,9 +137,7 @@ func testRunPermits(t *testing.T, url string) {
 
 	full := dlockRun(t, on(url, "run", "--ttl", "5s", "--permits", "2", key, "--", "true")...)
 	assertCode(t, full, 75)
-	if !strings.Contains(full.stderr, `all 2 permits of "`+key+`" are held (2 of 2 permits held`) {
-		t.Errorf("run --permits 2 while both are held: stderr %q, want all 2 permits held, named", full.stderr)
-	}
+	assertContains(t, "run --permits 2 while both are held: stderr", full.stderr, `all 2 permits of "`+key+`" are held (2 of 2 permits held`)
 
 	j := inspectKey(t, url, key)
 	if !j.Held || j.Kind != "permit" || j.Permits != 2 || len(j.Holds) != 2 || j.Owner != "" {
@@ -194,9 +192,7 @@ func testRunShared(t *testing.T, url string) {
 	awaitWaiting(t, w)
 	late := dlockRun(t, on(url, "run", "--ttl", "5s", "--shared", key, "--", "true")...)
 	assertCode(t, late, 75)
-	if !strings.Contains(late.stderr, "held by a writer, or a writer waits") {
-		t.Errorf("run --shared while a writer waits: stderr %q, want the writer named as the reason", late.stderr)
-	}
+	assertContains(t, "run --shared while a writer waits: stderr", late.stderr, "held by a writer, or a writer waits")
 
 	seen := finishAll(t, dir, r1, r2, w)
 	readersTogether := false
@@ -222,9 +218,7 @@ func testPermitsDisagree(t *testing.T, url string) {
 	p.await("ready")
 	r := dlockRun(t, on(url, "run", "--ttl", "5s", "--permits", "3", key, "--", "true")...)
 	assertCode(t, r, 2)
-	if !strings.Contains(r.stderr, "--permits 3 disagrees") || !strings.Contains(r.stderr, "2 permits") {
-		t.Errorf("stderr: got %q, want --permits 3 disagrees ... 2 permits", r.stderr)
-	}
+	assertContains(t, "stderr", r.stderr, "--permits 3 disagrees", "2 permits")
 	if j := inspectKey(t, url, key); j.Permits != 2 || len(j.Holds) != 1 {
 		t.Errorf("after the refused run: inspect %+v, want 2 permits, 1 hold", j)
 	}
@@ -319,22 +313,16 @@ func TestReleasePermitOwner(t *testing.T) {
 
 	wrong := dlockRun(t, "release", key, "--owner", "nobody")
 	assertCode(t, wrong, 1)
-	if !strings.Contains(wrong.stderr, `has no permit hold of owner "nobody": nothing released`) {
-		t.Errorf("release --owner nobody: stderr %q, want no permit hold of owner nobody", wrong.stderr)
-	}
+	assertContains(t, "release --owner nobody: stderr", wrong.stderr, `has no permit hold of owner "nobody": nothing released`)
 	right := dlockRun(t, "release", key, "--owner", mine.Owner())
 	assertCode(t, right, 0)
-	if want := fmt.Sprintf("released the permit hold of owner %s on %q (fence %d)", mine.Owner(), key, mine.Fence()); !strings.Contains(right.stdout, want) {
-		t.Errorf("release --owner: stdout %q, want %q", right.stdout, want)
-	}
+	assertContains(t, "release --owner: stdout", right.stdout, fmt.Sprintf("released the permit hold of owner %s on %q (fence %d)", mine.Owner(), key, mine.Fence()))
 	info := inspect(t, key)
 	if len(info.Holds) != 1 || info.Holds[0].Owner != other.Owner() {
 		t.Fatalf("after releasing one permit: holds %+v, want only %q's", info.Holds, other.Owner())
 	}
 	force := dlockRun(t, "release", key, "--force")
 	assertCode(t, force, 0)
-	if want := fmt.Sprintf("removed lock %q: 1 of 2 permits held: owner %s (fence %d)", key, other.Owner(), other.Fence()); !strings.Contains(force.stdout, want) {
-		t.Errorf("release --force: stdout %q, want %q", force.stdout, want)
-	}
+	assertContains(t, "release --force: stdout", force.stdout, fmt.Sprintf("removed lock %q: 1 of 2 permits held: owner %s (fence %d)", key, other.Owner(), other.Fence()))
 	assertFree(t, key)
 }

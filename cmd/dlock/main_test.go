@@ -387,11 +387,18 @@ func assertCode(t *testing.T, r result, want int) {
 func assertLost(t *testing.T, r result, lost string) {
 	t.Helper()
 	assertCode(t, r, 76)
-	if !strings.Contains(r.stdout, "got-TERM") {
-		t.Errorf("child output: got %q, want got-TERM", r.stdout)
-	}
-	if !strings.Contains(r.stderr, lost) {
-		t.Errorf("stderr: got %q, want %q", r.stderr, lost)
+	assertContains(t, "child output", r.stdout, "got-TERM")
+	assertContains(t, "stderr", r.stderr, lost)
+}
+
+// assertContains fails t unless out, named what in the message, contains
+// each of want.
+func assertContains(t *testing.T, what, out string, want ...string) {
+	t.Helper()
+	for _, w := range want {
+		if !strings.Contains(out, w) {
+			t.Errorf("%s: got %q, want %q in it", what, out, w)
+		}
 	}
 }
 
@@ -507,9 +514,7 @@ func TestRunConflict(t *testing.T) {
 
 	r := dlockRun(t, append([]string{"run", key, "--"}, touch...)...)
 	assertCode(t, r, 75)
-	if !strings.Contains(r.stderr, fmt.Sprintf("lock %q is held by another owner", key)) || !strings.Contains(r.stderr, l.Owner()) {
-		t.Errorf("stderr: got %q, want the key and the holder %q", r.stderr, l.Owner())
-	}
+	assertContains(t, "stderr", r.stderr, fmt.Sprintf("lock %q is held by another owner", key), l.Owner())
 	if _, err := os.Stat(marker); err == nil {
 		t.Errorf("the command ran although the lock was held")
 	}
@@ -526,9 +531,7 @@ func TestRunConflict(t *testing.T) {
 	if r.took < wait {
 		t.Errorf("--wait %v: gave up after %v, want at least %v", wait, r.took, wait)
 	}
-	if !strings.Contains(r.stderr, "--wait") {
-		t.Errorf("stderr: got %q, want a mention of --wait", r.stderr)
-	}
+	assertContains(t, "stderr", r.stderr, "--wait")
 	if _, err := os.Stat(marker); err == nil {
 		t.Errorf("the command ran although the lock was held")
 	}
@@ -615,9 +618,7 @@ func TestRunSignalsForwarded(t *testing.T) {
 			r := p.wait(10 * time.Second)
 			assertCode(t, r, 5)
 			name := map[syscall.Signal]string{syscall.SIGTERM: "TERM", syscall.SIGINT: "INT", syscall.SIGHUP: "HUP"}[sig]
-			if !strings.Contains(r.stdout, "got-"+name) {
-				t.Errorf("child output: got %q, want got-%s", r.stdout, name)
-			}
+			assertContains(t, "child output", r.stdout, "got-"+name)
 			assertFree(t, key)
 		})
 	}
@@ -662,9 +663,7 @@ func TestRunLostLeaseCustomCodeAndGrace(t *testing.T) {
 	assertCode(t, dlockRun(t, "release", "--force", key), 0)
 	r := p.wait(10 * time.Second)
 	assertCode(t, r, 99)
-	if !strings.Contains(r.stderr, "sending SIGKILL") {
-		t.Errorf("stderr: got %q, want a SIGKILL message", r.stderr)
-	}
+	assertContains(t, "stderr", r.stderr, "sending SIGKILL")
 }
 
 // A loss the watchdog has not noticed yet (long TTL) is found when dlock
@@ -682,9 +681,7 @@ func TestRunLostFoundAtRelease(t *testing.T) {
 	}
 	r := p.wait(10 * time.Second)
 	assertCode(t, r, 76)
-	if want := fmt.Sprintf("the lock %q was lost before the command finished", key); !strings.Contains(r.stderr, want) {
-		t.Errorf("stderr: got %q, want %q", r.stderr, want)
-	}
+	assertContains(t, "stderr", r.stderr, fmt.Sprintf("the lock %q was lost before the command finished", key))
 }
 
 // If dlock itself dies, nobody renews the lease: on Linux the command is
@@ -838,9 +835,7 @@ func TestReleaseOwner(t *testing.T) {
 
 	wrong := dlockRun(t, "release", key, "--owner", "someone-else")
 	assertCode(t, wrong, 1)
-	if !strings.Contains(wrong.stderr, l.Owner()) || !strings.Contains(wrong.stderr, "nothing released") {
-		t.Errorf("stderr: got %q, want the holder %q and \"nothing released\"", wrong.stderr, l.Owner())
-	}
+	assertContains(t, "stderr", wrong.stderr, l.Owner(), "nothing released")
 	if info := inspect(t, key); info.Owner != l.Owner() {
 		t.Fatalf("after a release by the wrong owner: holder %q, want %q (intact)", info.Owner, l.Owner())
 	}
@@ -850,16 +845,12 @@ func TestReleaseOwner(t *testing.T) {
 
 	right := dlockRun(t, "release", key, "--owner", l.Owner())
 	assertCode(t, right, 0)
-	if !strings.Contains(right.stdout, "released lock") || !strings.Contains(right.stdout, l.Owner()) {
-		t.Errorf("stdout: got %q, want a release message naming the owner", right.stdout)
-	}
+	assertContains(t, "stdout", right.stdout, "released lock", l.Owner())
 	assertFree(t, key)
 
 	again := dlockRun(t, "release", key, "--owner", l.Owner())
 	assertCode(t, again, 1)
-	if !strings.Contains(again.stderr, "not held") {
-		t.Errorf("stderr: got %q, want \"not held\"", again.stderr)
-	}
+	assertContains(t, "stderr", again.stderr, "not held")
 }
 
 func TestReleaseForce(t *testing.T) {
@@ -868,9 +859,7 @@ func TestReleaseForce(t *testing.T) {
 	l := hold(t, key, dlock.WithTTL(time.Second))
 	r := dlockRun(t, "release", key, "--force")
 	assertCode(t, r, 0)
-	if want := fmt.Sprintf("removed lock %q: owner %s, fence %d", key, l.Owner(), l.Fence()); !strings.Contains(r.stdout, want) {
-		t.Errorf("stdout: got %q, want %q", r.stdout, want)
-	}
+	assertContains(t, "stdout", r.stdout, fmt.Sprintf("removed lock %q: owner %s, fence %d", key, l.Owner(), l.Fence()))
 	assertFree(t, key)
 	// The holder finds out at its next renewal.
 	select {
@@ -998,9 +987,7 @@ func TestUnreachable(t *testing.T) {
 					t.Skipf("%s: %s", tc.name, strings.TrimSpace(r.stderr))
 				}
 				assertCode(t, r, 2)
-				if !strings.Contains(r.stderr, fmt.Sprint(port)) {
-					t.Errorf("%v: stderr %q does not name the server", args, r.stderr)
-				}
+				assertContains(t, fmt.Sprintf("%v: stderr", args), r.stderr, fmt.Sprint(port))
 				if r.took > 4*time.Second {
 					t.Errorf("%v: took %v with --timeout 1s", args, r.took)
 				}
@@ -1024,9 +1011,7 @@ func TestServerRefuses(t *testing.T) {
 		} {
 			r := dlockRun(t, append([]string{"--backend", url, "--timeout", "5s"}, args...)...)
 			assertCode(t, r, 2)
-			if !strings.Contains(r.stderr, "answered with an error") || !strings.Contains(r.stderr, "ERR DB index is out of range") {
-				t.Errorf("%s %v: stderr %q, want the server's answer \"ERR DB index is out of range\"", url, args, r.stderr)
-			}
+			assertContains(t, fmt.Sprintf("%s %v: stderr", url, args), r.stderr, "answered with an error", "ERR DB index is out of range")
 			if strings.Contains(r.stderr, "cannot reach") {
 				t.Errorf("%s %v: stderr %q says the server was not reached", url, args, r.stderr)
 			}
@@ -1048,9 +1033,7 @@ func TestServerNotAnswering(t *testing.T) {
 	} {
 		r := dlockRun(t, append([]string{"--backend", "redis://" + own.Addr(), "--timeout", "500ms"}, args...)...)
 		assertCode(t, r, 2)
-		if !strings.Contains(r.stderr, "did not answer within 500ms") {
-			t.Errorf("%v: stderr %q, want \"did not answer within 500ms\"", args, r.stderr)
-		}
+		assertContains(t, fmt.Sprintf("%v: stderr", args), r.stderr, "did not answer within 500ms")
 		if r.took > 3*time.Second {
 			t.Errorf("%v: took %v with --timeout 500ms", args, r.took)
 		}
