@@ -59,44 +59,33 @@ func check(t *testing.T, evs []verify.Event, faults ...string) *verify.Findings 
 }
 
 func TestCheckLeaseOverlap(t *testing.T) {
+	// Every history begins with A's grant (fence 10, 0–10 ms, until 400 ms).
 	tests := []struct {
-		name string
-		evs  []verify.Event
-		want int
+		name  string
+		after []verify.Event
+		want  int
 	}{
-		{"grant while the lease was live", []verify.Event{
-			grant("w1.0", "A", 10, 0, 10, 400),
-			grant("w2.0", "B", 11, 100, 200, 600),
-		}, 1},
-		{"grant after expiry", []verify.Event{
-			grant("w1.0", "A", 10, 0, 10, 400),
-			grant("w2.0", "B", 11, 100, 450, 850),
-		}, 0},
+		{"grant while the lease was live", []verify.Event{grant("w2.0", "B", 11, 100, 200, 600)}, 1},
+		{"grant after expiry", []verify.Event{grant("w2.0", "B", 11, 100, 450, 850)}, 0},
 		{"grant after release", []verify.Event{
-			grant("w1.0", "A", 10, 0, 10, 400),
 			release("w1.0", "A", 10, 150, 151),
 			grant("w2.0", "B", 11, 100, 200, 600),
 		}, 0},
 		{"grant while a renewal kept the lease live", []verify.Event{
-			grant("w1.0", "A", 10, 0, 10, 400),
 			renew("w1.0", "A", 10, 300, 700),
 			grant("w2.0", "B", 11, 100, 500, 900),
 		}, 1},
 		{"grant racing a release", []verify.Event{
 			// B completes after A's release was invoked: the release may
 			// have been executed first.
-			grant("w1.0", "A", 10, 0, 10, 400),
 			release("w1.0", "A", 10, 150, 170),
 			grant("w2.0", "B", 11, 100, 160, 560),
 		}, 0},
-		{"same owner", []verify.Event{
-			grant("w1.0", "A", 10, 0, 10, 400),
-			grant("w1.0", "A", 10, 20, 30, 430),
-		}, 0},
+		{"same owner", []verify.Event{grant("w1.0", "A", 10, 20, 30, 430)}, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			f := check(t, tt.evs)
+			f := check(t, append([]verify.Event{grant("w1.0", "A", 10, 0, 10, 400)}, tt.after...))
 			if got := len(f.LeaseOverlaps); got != tt.want {
 				t.Fatalf("got %d lease overlaps, want %d: %+v", got, tt.want, f.LeaseOverlaps)
 			}
@@ -113,23 +102,21 @@ func TestCheckLeaseOverlap(t *testing.T) {
 }
 
 func TestCheckFenceOrder(t *testing.T) {
+	// A holds fence 10 and releases it; then B is granted fence.
+	handoff := func(fence uint64) []verify.Event {
+		return []verify.Event{
+			grant("w1.0", "A", 10, 0, 10, 400), release("w1.0", "A", 10, 50, 51),
+			grant("w2.0", "B", fence, 60, 70, 470),
+		}
+	}
 	tests := []struct {
 		name string
 		evs  []verify.Event
 		want int
 	}{
-		{"increasing", []verify.Event{
-			grant("w1.0", "A", 10, 0, 10, 400), release("w1.0", "A", 10, 50, 51),
-			grant("w2.0", "B", 11, 60, 70, 470),
-		}, 0},
-		{"smaller after", []verify.Event{
-			grant("w1.0", "A", 10, 0, 10, 400), release("w1.0", "A", 10, 50, 51),
-			grant("w2.0", "B", 9, 60, 70, 470),
-		}, 1},
-		{"equal from another owner", []verify.Event{
-			grant("w1.0", "A", 10, 0, 10, 400), release("w1.0", "A", 10, 50, 51),
-			grant("w2.0", "B", 10, 60, 70, 470),
-		}, 1},
+		{"increasing", handoff(11), 0},
+		{"smaller after", handoff(9), 1},
+		{"equal from another owner", handoff(10), 1},
 		{"equal from the same owner (reentrant)", []verify.Event{
 			grant("w1.0", "A", 10, 0, 10, 400),
 			grant("w1.0", "A", 10, 60, 70, 470),
@@ -255,12 +242,24 @@ func TestCheckValidity(t *testing.T) {
 		}
 		return evs
 	}
+	// clean returns base with quiet grants of both workers, then evs.
+	clean := func(evs ...verify.Event) []verify.Event {
+		return append(quiet(slices.Clone(base), 1, 2), evs...)
+	}
+	// wantInvalid fails t unless f's verdict is INVALID for a reason
+	// that says why.
+	wantInvalid := func(t *testing.T, f *verify.Findings, why string) {
+		t.Helper()
+		if f.Verdict() != "INVALID" || !strings.Contains(strings.Join(f.Invalid, ";"), why) {
+			t.Errorf("got %s %q, want INVALID: %s", f.Verdict(), f.Invalid, why)
+		}
+	}
 	pause := func(owner string, start, end int64) verify.Event {
 		return verify.Event{Proc: "nemesis", Op: verify.FaultPause, Target: "w1.0", Owner: owner, InvokeNs: start * ms, CompleteNs: end * ms, Outcome: verify.OutcomeOK}
 	}
 
 	t.Run("clean", func(t *testing.T) {
-		f := check(t, quiet(slices.Clone(base), 1, 2))
+		f := check(t, clean())
 		if got := f.Verdict(); got != "PASS" {
 			t.Errorf("got %s (%q %q), want PASS", got, f.Violations(), f.Invalid)
 		}
@@ -272,21 +271,15 @@ func TestCheckValidity(t *testing.T) {
 		}
 	})
 	t.Run("fault never injected", func(t *testing.T) {
-		f := check(t, quiet(slices.Clone(base), 1, 2), verify.FaultPause)
-		if f.Verdict() != "INVALID" || !strings.Contains(strings.Join(f.Invalid, ";"), "never injected") {
-			t.Errorf("got %s %q, want INVALID: never injected", f.Verdict(), f.Invalid)
-		}
+		f := check(t, clean(), verify.FaultPause)
+		wantInvalid(t, f, "never injected")
 	})
 	t.Run("pause without a holder", func(t *testing.T) {
-		evs := append(quiet(slices.Clone(base), 1, 2), pause("", 500, 900))
-		f := check(t, evs, verify.FaultPause)
-		if f.Verdict() != "INVALID" || !strings.Contains(strings.Join(f.Invalid, ";"), "never had an effect") {
-			t.Errorf("got %s %q, want INVALID: never had an effect", f.Verdict(), f.Invalid)
-		}
+		f := check(t, clean(pause("", 500, 900)), verify.FaultPause)
+		wantInvalid(t, f, "never had an effect")
 	})
 	t.Run("pause with a takeover", func(t *testing.T) {
-		evs := append(quiet(slices.Clone(base), 1, 2), pause("A", 50, 250))
-		f := check(t, evs, verify.FaultPause)
+		f := check(t, clean(pause("A", 50, 250)), verify.FaultPause)
 		if len(f.Faults) != 1 || !f.Faults[0].Effective {
 			t.Fatalf("got faults %+v, want one effective pause", f.Faults)
 		}
@@ -335,7 +328,7 @@ func TestCheckValidity(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// The only worker operation in the window: w2.0's grant, 200–210 ms.
-			f := check(t, append(quiet(slices.Clone(base), 1, 2), tc.ev), tc.kind)
+			f := check(t, clean(tc.ev), tc.kind)
 			if len(f.Faults) != 1 || f.Faults[0].Effective != tc.effect {
 				t.Fatalf("got faults %+v, want one with effective %v", f.Faults, tc.effect)
 			}
@@ -362,7 +355,7 @@ func TestCheckValidity(t *testing.T) {
 			{[]verify.Event{delay}, false},
 			{[]verify.Event{delay, failed}, true},
 		} {
-			f := check(t, append(quiet(slices.Clone(base), 1, 2), tc.evs...), verify.FaultProxy)
+			f := check(t, clean(tc.evs...), verify.FaultProxy)
 			if len(f.Faults) != 1 || f.Faults[0].Effective != tc.effect {
 				t.Errorf("with %d events: got faults %+v, want one with effective %v", len(tc.evs), f.Faults, tc.effect)
 			}
@@ -371,24 +364,19 @@ func TestCheckValidity(t *testing.T) {
 	t.Run("pause after the holder began its release", func(t *testing.T) {
 		// A began its release at 100 ms; B's grant at 210 ms follows the
 		// release, not the pause.
-		evs := append(quiet(slices.Clone(base), 1, 2), pause("A", 120, 250))
-		f := check(t, evs, verify.FaultPause)
+		f := check(t, clean(pause("A", 120, 250)), verify.FaultPause)
 		if len(f.Faults) != 1 || f.Faults[0].Effective {
 			t.Fatalf("got faults %+v, want one ineffective pause", f.Faults)
 		}
-		if f.Verdict() != "INVALID" || !strings.Contains(strings.Join(f.Invalid, ";"), "never had an effect") {
-			t.Errorf("got %s %q, want INVALID: never had an effect", f.Verdict(), f.Invalid)
-		}
+		wantInvalid(t, f, "never had an effect")
 	})
 	t.Run("negative control saw nothing", func(t *testing.T) {
-		evs := append(quiet(slices.Clone(base), 1, 2), pause("A", 50, 250),
+		evs := clean(pause("A", 50, 250),
 			rw("w2.0", verify.OpRead, verify.ResourceNaive, verify.OutcomeOK, "B", 11, 0, 220, 221),
 			rw("w2.0", verify.OpWrite, verify.ResourceNaive, verify.OutcomeOK, "B", 11, 1, 230, 231),
 			final(verify.ResourceNaive, 1, 1))
 		f := check(t, evs, verify.FaultPause)
-		if f.Verdict() != "INVALID" || !strings.Contains(strings.Join(f.Invalid, ";"), "negative control") {
-			t.Errorf("got %s %q, want INVALID: negative control", f.Verdict(), f.Invalid)
-		}
+		wantInvalid(t, f, "negative control")
 	})
 }
 
