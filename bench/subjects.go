@@ -103,6 +103,8 @@ func subjects() []*subject {
 	return []*subject{
 		floorSubject(),
 		fencedFloorSubject(),
+		fencedFloor5Subject(),
+		fencedFloorRueidisSubject(),
 		dlockRedisSubject(false),
 		dlockRedisSubject(true),
 		redlockSubject(),

@@ -33,18 +33,27 @@ if last and last >= now then
 end
 `
 
-var (
-	// Acquire takes KEYS[1] (the lock) for token ARGV[1] with TTL ARGV[2]
-	// ms, fence the server time in µs. It returns {1, fence} when granted,
-	// {0, pttl} when the lock is held. (KEYS[2] is not used.)
-	Acquire = redis.NewScript(`
+// AcquireSrc and ReleaseSrc are the sources of Acquire and Release, for
+// clients other than go-redis.
+const (
+	AcquireSrc = `
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local f = string.format('%.0f', now)
 if redis.call('SET', KEYS[1], f .. ':1::0:' .. ARGV[1], 'NX', 'PX', ARGV[2], 'GET') then
   return {0, redis.call('PTTL', KEYS[1])}
 end
-return {1, now}`)
+return {1, now}`
+	ReleaseSrc = `
+if redis.call('GET', KEYS[1]) == ARGV[2] .. ':1::0:' .. ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0`
+)
+
+var (
+	// Acquire takes KEYS[1] (the lock) for token ARGV[1] with TTL ARGV[2]
+	// ms, fence the server time in µs. It returns {1, fence} when granted,
+	// {0, pttl} when the lock is held. (KEYS[2] is not used.)
+	Acquire = redis.NewScript(AcquireSrc)
 	// Minimal takes the string lock KEYS[1] for token ARGV[1] with TTL
 	// ARGV[2] ms (SET NX PX) and issues a fence from the counter KEYS[2]
 	// (the earlier layout's). It returns {1, fence} when granted, {0, pttl} when the lock is
@@ -53,9 +62,7 @@ return {1, now}`)
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return {0, redis.call('PTTL', KEYS[1])} end` + fence + `return {1, now}`)
 	// Release deletes KEYS[1] if token ARGV[1] holds it with fence ARGV[2]:
 	// 1 when deleted, 0 when not held.
-	Release = redis.NewScript(`
-if redis.call('GET', KEYS[1]) == ARGV[2] .. ':1::0:' .. ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0`)
+	Release = redis.NewScript(ReleaseSrc)
 	// RawSemaphore takes a permit of the sorted-set semaphore KEYS[1] of
 	// ARGV[2] permits for token ARGV[1] with TTL ARGV[3] ms: it drops the
 	// expired members and adds the token if fewer than ARGV[2] remain. It
