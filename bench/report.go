@@ -400,6 +400,7 @@ func verdict(ok bool) string {
 func (r *report) targets() []target {
 	s1, s3 := r.result("S1"), r.result("S3")
 	ts := s1Targets(s1)
+	ts = append(ts, s2Targets(r.result("S2"))...)
 	ts = append(ts, s3Targets(s3)...)
 	ts = append(ts, r.s4Targets(r.result("S4"))...)
 	ts = append(ts, r.s5Targets(r.result("S5"))...)
@@ -440,6 +441,32 @@ func s1Targets(s1 *result) []target {
 			fig += fmt.Sprintf("; the fenced floor = %.2f× the raw floor", ff.value("ops/s")/f.value("ops/s"))
 		}
 		ts = append(ts, target{"S1 (for information, no target): dlock redislock against the fenced floor (ops/s)", fig, "—"})
+	}
+	return ts
+}
+
+// s2Targets returns S2's rows: redislock against the fastest Redis peer
+// and, for information, against the fenced floor over rueidis.
+func s2Targets(s2 *result) []target {
+	what := "S2: dlock redislock ≥ 1.0× the fastest peer (total ops/s)"
+	d := s2.measured("redislock")
+	var p *outcome
+	if s2 != nil {
+		p = s2.bestPeer(srvRedis, column{key: "ops/s"})
+	}
+	switch {
+	case d == nil:
+		return []target{notMeasuredTarget(what, s2.why("redislock"))}
+	case p == nil:
+		return []target{notMeasuredTarget(what, "peers not measured")}
+	}
+	v := d.value("ops/s") / p.value("ops/s")
+	ts := []target{{what, fmt.Sprintf("%s ops/s = %.2f× %s (%s)", num(d.value("ops/s"), 0), v, p.s.name, num(p.value("ops/s"), 0)), verdict(v >= 1)}}
+	if f := s2.measured("fenced-floor-rueidis"); f != nil {
+		// Information: what the fenced scripts make with rueidis' pipelining.
+		fig := fmt.Sprintf("dlock redislock = %.2f× the fenced floor over rueidis (%s ops/s); that floor = %.2f× %s",
+			d.value("ops/s")/f.value("ops/s"), num(f.value("ops/s"), 0), f.value("ops/s")/p.value("ops/s"), p.s.name)
+		ts = append(ts, target{"S2 (for information, no target): dlock redislock against the fenced floor over rueidis (total ops/s)", fig, "—"})
 	}
 	return ts
 }
