@@ -168,6 +168,14 @@
 // batches). Acquisitions with WithReplicas are not batched: WAIT must
 // follow the script on the same connection.
 //
+// The gap to rueidislock is the client library's pipelining, not the
+// fence: the bench module's fenced floor over rueidis (the same two
+// scripts, sent by rueidis, which keeps writing a connection's commands
+// without waiting for the replies of the earlier ones) made 1.13×
+// rueidislock and 1.15× this package in S2 at load 1–3, and 1.43× and
+// 1.88× on a machine four times slower (docs/BENCHMARKS.md). A go-redis
+// pipeline holds its connection until every reply has come.
+//
 // # Lease model
 //
 // Deadlines never move back: a grant sets D = now + TTL; a re-entry, a
