@@ -168,13 +168,14 @@
 // batches). Acquisitions with WithReplicas are not batched: WAIT must
 // follow the script on the same connection.
 //
-// The gap to rueidislock is the client library's pipelining, not the
-// fence: the bench module's fenced floor over rueidis (the same two
-// scripts, sent by rueidis, which keeps writing a connection's commands
-// without waiting for the replies of the earlier ones) made 1.13×
-// rueidislock and 1.15× this package in S2 at load 1–3, and 1.43× and
-// 1.88× on a machine four times slower (docs/BENCHMARKS.md). A go-redis
-// pipeline holds its connection until every reply has come.
+// The gap to rueidislock in S2 is on the client's side, not the fence's:
+// the bench module's fenced floor over rueidis (the same two scripts, sent
+// by rueidis, which keeps writing a connection's commands without waiting
+// for the replies of the earlier ones) made 1.13× rueidislock and 1.15×
+// this package at load 1–3, and 1.43× and 1.88× on a machine four times
+// slower (docs/BENCHMARKS.md). What this package adds to the floor is
+// go-redis' pipelining (a pipeline holds its connection until every reply
+// has come) and the Client's lease bookkeeping.
 //
 // # Lease model
 //
