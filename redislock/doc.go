@@ -171,9 +171,10 @@
 // The gap to rueidislock in S2 is on the client's side, not the fence's:
 // the bench module's fenced floor over rueidis (the same two scripts, sent
 // by rueidis, which keeps writing a connection's commands without waiting
-// for the replies of the earlier ones) made 1.13× rueidislock and 1.15×
-// this package at load 1–3, and 1.43× and 1.88× on a machine four times
-// slower (docs/BENCHMARKS.md). What this package adds to the floor is
+// for the replies of the earlier ones) made 1.13×, 1.23× and 1.43×
+// rueidislock in three runs, and 1.15×, 1.27× and 1.88× this package
+// (docs/BENCHMARKS.md, docs/bench/redis-floors.md; the last on a machine
+// four times slower). What this package adds to the floor is
 // go-redis' pipelining (a pipeline holds its connection until every reply
 // has come) and the Client's lease bookkeeping.
 //

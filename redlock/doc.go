@@ -270,9 +270,9 @@
 // every time: about a tenth of this process's CPU in that loop). The
 // bench module's fenced floor on five nodes (the fenced floor's two
 // scripts on every node at once, held on three grants, no agreement on
-// one fence) is the least a fenced Redlock does: in S1 at load 1–3 it
-// made 0.82× redsync(5) and this package 0.98× it; on a machine four
-// times slower 1.11× and 0.82× (docs/BENCHMARKS.md). The
+// one fence) is the least a fenced Redlock does: in three S1 runs it
+// made 0.82×, 0.96× and 1.11× redsync(5), and this package 0.98×, 0.97×
+// and 0.82× it (docs/BENCHMARKS.md, docs/bench/redis-floors.md). The
 // project-wide comparison with etcd, ZooKeeper and peer libraries is in
 // docs/BENCHMARKS.md.
 package redlock
