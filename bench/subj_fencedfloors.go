@@ -19,8 +19,8 @@ import (
 
 // fencedFloor5Subject is the fenced floor run as Redlock runs it: the
 // acquire script on every node at once (a goroutine per node, as redsync
-// does), granted when a majority grants, the fence the largest of the
-// granted nodes'; the release script on the nodes that granted. It does
+// does), granted when a majority grants; the release script on the nodes
+// that granted. It does
 // not agree on one fence across the nodes, check validity time or renew:
 // it is the least work, not a lock to use.
 func fencedFloor5Subject() *subject {
@@ -58,25 +58,15 @@ func (f *fenced5Locker) lock(ctx context.Context, key string) (held, error) {
 	ttl := f.nodes[0].ttl.Milliseconds()
 	return poll(ctx, f.nodes[0].poll, func() (held, error) {
 		h := &fenced5Held{f: f, keys: keys, token: token, fences: make([]int64, len(f.nodes))}
-		errs := f.each(func(i int, rdb *redis.Client) error {
-			v, err := fencedfloor.Acquire.Run(ctx, rdb, keys, token, ttl).Slice()
-			if err != nil {
-				return err
-			}
-			if len(v) != 2 {
-				return fmt.Errorf("fenced floor: acquire returned %v", v)
-			}
-			if v[0] == int64(1) {
-				h.fences[i], _ = v[1].(int64)
-			}
-			return nil
+		errs := f.each(func(i int, rdb *redis.Client) (err error) {
+			h.fences[i], err = fencedAcquire(ctx, rdb, keys, token, ttl)
+			return err
 		}, nil)
 		granted, failed := 0, 0
 		var first error
 		for i, fence := range h.fences {
 			if fence != 0 {
 				granted++
-				h.fence = max(h.fence, fence)
 			} else if errs[i] != nil {
 				failed++
 				first = cmp(first, errs[i])
@@ -115,7 +105,6 @@ type fenced5Held struct {
 	keys   []string
 	token  string
 	fences []int64
-	fence  int64
 }
 
 func (h *fenced5Held) unlock(ctx context.Context) error {

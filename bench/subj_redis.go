@@ -119,19 +119,29 @@ func (f *fencedLocker) lock(ctx context.Context, key string) (held, error) {
 	keys := []string{lk, lk + ":fence"}
 	token := rand.Text()
 	return poll(ctx, f.poll, func() (held, error) {
-		v, err := fencedfloor.Acquire.Run(ctx, f.rdb, keys, token, f.ttl.Milliseconds()).Slice()
-		if err != nil {
+		fence, err := fencedAcquire(ctx, f.rdb, keys, token, f.ttl.Milliseconds())
+		if err != nil || fence == 0 {
 			return nil, err
 		}
-		if len(v) != 2 {
-			return nil, fmt.Errorf("fenced floor: acquire returned %v", v)
-		}
-		if v[0] != int64(1) {
-			return nil, nil
-		}
-		fence, _ := v[1].(int64)
 		return &fencedHeld{f: f, keys: keys, token: token, fence: fence}, nil
 	})
+}
+
+// fencedAcquire runs fencedfloor.Acquire once on rdb and returns the
+// fence it granted, or 0 when the lock is held.
+func fencedAcquire(ctx context.Context, rdb *redis.Client, keys []string, token string, ttlMs int64) (int64, error) {
+	v, err := fencedfloor.Acquire.Run(ctx, rdb, keys, token, ttlMs).Slice()
+	if err != nil {
+		return 0, err
+	}
+	if len(v) != 2 {
+		return 0, fmt.Errorf("fenced floor: acquire returned %v", v)
+	}
+	if v[0] != int64(1) {
+		return 0, nil
+	}
+	fence, _ := v[1].(int64)
+	return fence, nil
 }
 
 type fencedHeld struct {
