@@ -801,6 +801,11 @@ func TestServersDieWithParent(t *testing.T) {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), helperEnv+"=1")
 	cmd.Stderr = os.Stderr
+	hold, err := cmd.StdinPipe() // the helper runs while this stays open
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hold.Close()
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -841,8 +846,8 @@ func helperMain() {
 	}
 	fmt.Println(r.PID(), r.Dir())
 	// The point of this process is to be killed while it runs: it parks
-	// until then (nothing to await), and exits 3 if nobody kills it.
-	time.Sleep(time.Minute)
+	// until then, and exits 3 if its parent closes stdin instead.
+	io.Copy(io.Discard, os.Stdin)
 	r.Stop()
 	os.Exit(3)
 }
