@@ -22,15 +22,48 @@ import (
 	"github.com/dlock-go/dlock/adapters/certmagiclock"
 )
 
-// issuer is a certmagic.Issuer that signs with a throwaway CA, takes a
-// while, and records how many issuances of a name overlapped another of
-// the same name.
+// issuer is a certmagic.Issuer that signs with a throwaway CA, lasts until
+// the other instance contends for the name's lock, and records how many
+// issuances of a name overlapped another of the same name.
 type issuer struct {
 	key     *ecdsa.PrivateKey
 	overlap atomic.Int32
 	issued  atomic.Int32
 	mu      sync.Mutex
 	inside  map[string]int
+	tries   map[string]int           // Lock calls by lock name
+	rivals  map[string]chan struct{} // closed at a name's second Lock call
+}
+
+// rival returns a channel closed once two Lock calls for the lock name
+// have been made.
+func (is *issuer) rival(lock string) chan struct{} {
+	ch, ok := is.rivals[lock]
+	if !ok {
+		ch = make(chan struct{})
+		is.rivals[lock] = ch
+	}
+	return ch
+}
+
+// tried records a Lock call for the lock name.
+func (is *issuer) tried(lock string) {
+	is.mu.Lock()
+	defer is.mu.Unlock()
+	if is.tries[lock]++; is.tries[lock] == 2 {
+		close(is.rival(lock))
+	}
+}
+
+// contending is the storage under test with its Lock calls recorded.
+type contending struct {
+	*certmagiclock.Storage
+	is *issuer
+}
+
+func (s contending) Lock(ctx context.Context, name string) error {
+	s.is.tried(name)
+	return s.Storage.Lock(ctx, name)
 }
 
 func (is *issuer) enter(name string) func() {
@@ -50,9 +83,16 @@ func (is *issuer) IssuerKey() string { return "test-ca" }
 
 func (is *issuer) Issue(ctx context.Context, csr *x509.CertificateRequest) (*certmagic.IssuedCertificate, error) {
 	defer is.enter(csr.DNSNames[0])()
-	// An ACME order takes a while: the window in which a second issuance
-	// of the name, were the lock not held, would overlap this one.
-	time.Sleep(100 * time.Millisecond)
+	// The issuance lasts until the other instance has asked for the same
+	// lock: without the lock it would now be issuing the name too.
+	is.mu.Lock()
+	rival := is.rival("issue_cert_" + csr.DNSNames[0])
+	is.mu.Unlock()
+	select {
+	case <-rival:
+	case <-ctx.Done():
+		return nil, context.Cause(ctx)
+	}
 	is.issued.Add(1)
 	tmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(time.Now().UnixNano()),
@@ -79,7 +119,7 @@ func TestTwoInstancesNeverIssueAtOnce(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			is := &issuer{key: key, inside: map[string]int{}}
+			is := &issuer{key: key, inside: map[string]int{}, tries: map[string]int{}, rivals: map[string]chan struct{}{}}
 			dir := t.TempDir()
 			var cfgs []*certmagic.Config
 			var lockers []*certmagiclock.Locker
@@ -94,7 +134,7 @@ func TestTwoInstancesNeverIssueAtOnce(t *testing.T) {
 				})
 				t.Cleanup(cache.Stop)
 				cfg = certmagic.New(cache, certmagic.Config{
-					Storage: certmagiclock.Wrap(&certmagic.FileStorage{Path: dir}, locker),
+					Storage: contending{certmagiclock.Wrap(&certmagic.FileStorage{Path: dir}, locker), is},
 					Issuers: []certmagic.Issuer{is},
 					OCSP:    certmagic.OCSPConfig{DisableStapling: true},
 					Logger:  zap.NewNop(),
