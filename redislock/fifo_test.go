@@ -559,15 +559,25 @@ func TestFIFOHeartbeatsOnly(t *testing.T) {
 }
 
 // TestFIFOLongWait: a FIFO waiter with a short TTL waits much longer than
-// the TTL; the lease it gets still has most of its validity (its lifetime
-// counts from its last heartbeat before the hand-off, or from the claim:
-// Grant.Since), and the watchdog keeps it.
+// the TTL (its join and ten heartbeats, one per WaiterTTL/4); the lease it
+// gets still has most of its validity (its lifetime counts from its last
+// heartbeat before the hand-off, or from the claim: Grant.Since), and the
+// watchdog keeps it.
 func TestFIFOLongWait(t *testing.T) {
-	const ttl = 300 * time.Millisecond
+	const ttl, beats = 300 * time.Millisecond, 10
+	if beats*redislock.DefaultWaiterTTL/4 < 3*ttl {
+		t.Fatalf("%d heartbeats are shorter than 3 TTLs", beats)
+	}
+	hook := &tripHook{}
+	rdb := newRDB(t, srv.Addr())
+	rdb.AddHook(hookFunc(hook.add))
+	c := newClient(t, rdb, dlock.WithTTL(ttl))
 	s := holdKey(t, nil)
-	w := startAcquire(peer(t, dlock.WithTTL(ttl)), s.ctx, s.key, dlock.WithFIFO())
-	// The quantity under test: a wait of 3 TTLs, nothing to await but time.
-	time.Sleep(3 * ttl)
+	release(t, s.ctx, mustAcquire(t, s.ctx, c, s.key+".warm-up", dlock.WithFIFO()))
+	hook.start()
+	w := startAcquire(c, s.ctx, s.key, dlock.WithFIFO())
+	waitFor(t, 10*time.Second, "the waiter's join and heartbeats", func() bool { return hook.count() >= 1+beats })
+	hook.stop()
 	s.release(t)
 	l := w.lease(t, 5*time.Second, "waiter")
 	if left := time.Until(l.Expires()); left < ttl/3 {
