@@ -431,8 +431,12 @@
 // a release skips waiters whose heartbeat expired, and a lock handed to a
 // waiter that died is free again after the waiter TTL, so a dead waiter
 // delays the others by at most the waiter TTL plus a quarter of it. A
-// waiter whose context ends leaves the queue at once, passing on a lock
-// it was just handed.
+// live waiter that is late keeps its place: its next heartbeat rejoins at
+// its arrival. Every Backend on the same locks should use the same waiter
+// TTL, since the releasing Backend sets the reservation's length; below
+// 10ms, heartbeats would load the server more than the waiting they
+// replace. A waiter whose context ends leaves the queue at once, passing
+// on a lock it was just handed.
 //
 // Why a queue rather than a targeted notification: a notification, even
 // one per release, wakes a waiter that then needs a round trip to try,
@@ -474,14 +478,35 @@
 // a clock that jumps forward expires locks early.
 //
 // WithReplicas narrows the gap: every acquisition is confirmed by WAIT n
-// (sent in the same pipeline, on the same connection, as the script), and
-// one that fewer than n replicas acknowledged in time is released and
-// fails with ErrNotReplicated. It stays a narrowing, not a guarantee:
-// replication is still asynchronous, a failover may pick a replica that
-// had not acknowledged, renewals and releases are not confirmed, and
-// WAITAOF (Redis 7.2) is not used. Queues and heartbeats are replicated
-// like any write; waiters that the new primary lost rejoin at their
-// arrival with their next heartbeat.
+// (sent in the same pipeline, on the same connection, as the script: WAIT
+// counts the writes of its own connection only; on a Cluster, the
+// primary of the lock's slot), and one that fewer than n replicas
+// acknowledged in time is released and fails with ErrNotReplicated, not
+// dlock.ErrNotAcquired: the lock was free, the deployment is degraded. A
+// server with no replicas fails every acquisition this way, after the
+// timeout. An acquisition is then only reported when n replicas have it,
+// so a failover to one of them keeps the lock; with n equal to the number
+// of replicas (Sentinel's usual setting), every replica the failover can
+// promote has it.
+//
+// It stays a narrowing, not a guarantee: replication is still
+// asynchronous (WAIT reports what happened, it does not make writes
+// synchronous); with n below the number of replicas a failover may pick
+// one that had not acknowledged; a replica that restarts without
+// persistence forgets the lock (WAITAOF, which waits for the replicas'
+// disks, needs Redis 7.2 and is not used); and renewals and releases are
+// not confirmed, so after a failover a lease may have an older TTL than
+// its holder computed, and a released lock may come back until it
+// expires. Fences stay increasing across failovers whatever happens: use
+// a fenced resource where overlapping holders would do harm. Every
+// attempt, including one that finds the lock held and every FIFO
+// heartbeat, lasts until the replicas have caught up (about a round trip)
+// or until the timeout; a timeout close to the waiter TTL makes the
+// waiters of a degraded deployment miss heartbeats (they keep their place,
+// but may be skipped once). The timeout must be shorter than the client's
+// ReadTimeout, or the reply would time out first. Queues and heartbeats
+// are replicated like any write; waiters that the new primary lost rejoin
+// at their arrival with their next heartbeat.
 //
 // # Several keys
 //

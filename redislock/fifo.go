@@ -14,16 +14,10 @@ import (
 
 // Wait implements dlock.Waiter: it waits in the lock's server-side FIFO
 // queue until a release hands the lock to this waiter, or takes it at once
-// when it is free and nobody is queued. It is how the Client waits for
-// every Acquire on this Backend, with or without dlock.WithFIFO (see the
-// package documentation, "Waiting"). When ctx ends, the waiter leaves the
-// queue (passing on a lock just handed to it) and the error matches
-// ctx.Err(); after Close it matches dlock.ErrClosed.
-//
-// Permits wait in the semaphore's own queue, read holds by notification
-// (see "Permits and read holds" in the package documentation). A writer
-// that keeps readers out (r.Waiting) withdraws its claim when it gives
-// up.
+// when it is free and nobody is queued (permits and read holds: package
+// documentation). When ctx ends, the waiter leaves the queue (passing on
+// a lock just handed to it) and the error matches ctx.Err(); after Close
+// it matches dlock.ErrClosed.
 func (b *Backend) Wait(ctx context.Context, r dlock.Request) (dlock.Grant, error) {
 	if err := b.check(ctx, &r, true); err != nil {
 		return dlock.Grant{}, err

@@ -90,17 +90,13 @@ func WithSubscribeTimeout(d time.Duration) Option {
 	}
 }
 
-// WithWaiterTTL sets the liveness bound of queued waiting (every Acquire
-// that waits): a waiter heartbeats every d/4 and is skipped when its
-// heartbeat is older than d; a lock handed to a waiter is reserved for it
-// for d, then frees itself. So a waiter that dies at the head of the queue
-// delays the others by at most d + d/4 (plus a round trip). A live waiter
-// that is late keeps its place: its next heartbeat rejoins at its arrival.
+// WithWaiterTTL sets the liveness bound of queued waiting: a waiter
+// heartbeats every d/4 and is skipped when its heartbeat is older than d,
+// and a lock handed to a waiter is reserved for it for d. A waiter that
+// dies at the head of the queue delays the others by at most d + d/4.
 //
-// Default DefaultWaiterTTL (400ms). Every Backend on the same locks should
-// use the same value: the releasing Backend sets the claim time. A d below
-// 10ms is an ErrInvalidOption error (heartbeats every few milliseconds would
-// load the server more than the waiting they replace).
+// Default DefaultWaiterTTL (400ms); every Backend on the same locks should
+// use the same value. A d below 10ms is an ErrInvalidOption error.
 func WithWaiterTTL(d time.Duration) Option {
 	return func(c *config) error {
 		if d < 10*time.Millisecond {
@@ -112,39 +108,15 @@ func WithWaiterTTL(d time.Duration) Option {
 }
 
 // WithReplicas makes every acquisition wait until n replicas have
-// acknowledged it: the acquire script and WAIT n timeout go in ONE
-// pipeline on the same connection (WAIT counts the writes of its own
-// connection only). If fewer than n replicas acknowledge within timeout,
-// the lock just taken is released again (one hold of it, for a reentrant
-// owner) and the call fails with an error matching ErrNotReplicated (and
-// not dlock.ErrNotAcquired: the lock was free, the deployment is
-// degraded). A server with no replicas fails every acquisition this way,
-// after timeout, with an error saying that no replica acknowledged.
+// acknowledged it (WAIT n timeout, sent after the script on its
+// connection). If fewer do within timeout, the lock just taken is released
+// again (one hold, for a reentrant owner) and the call fails with an error
+// matching ErrNotReplicated. Every attempt, FIFO heartbeats included, then
+// lasts until the replicas catch up: keep timeout well below
+// WithWaiterTTL. What it protects and what not: package documentation.
 //
-// What it protects: an acquisition is only reported when n replicas have
-// it, so a failover to one of them keeps the lock; with n equal to the
-// number of replicas (Sentinel's usual one), every replica the failover
-// can promote has it. What it does not: replication stays asynchronous
-// (WAIT reports what happened, it does not make writes synchronous); with
-// n below the number of replicas a failover may promote one that had not
-// acknowledged; a replica that restarts without persistence forgets the
-// lock (WAITAOF, which waits for the replicas' disks, needs Redis 7.2 and
-// is not used); and renewals and releases are not confirmed, so after a
-// failover a lease may have an older TTL than its holder computed, and a
-// released lock may come back until it expires. Fences stay increasing
-// across failovers whatever happens (see the package documentation): use a
-// fenced resource where overlapping holders would do harm.
-//
-// Every acquisition attempt, including one that finds the lock held and
-// every FIFO heartbeat, then takes until the replicas have caught up
-// (about one round trip), or until timeout when they cannot; keep timeout
-// well below WithWaiterTTL, or FIFO waiters of a degraded deployment miss
-// their heartbeats (they keep their place, but may be skipped once). On a
-// Redis Cluster the pipeline goes to the primary of the lock's slot.
-//
-// Default off. An n < 1 or a timeout below 1ms (WAIT 0 would wait
-// forever) is an ErrInvalidOption error, and so is a timeout not shorter
-// than the go-redis client's ReadTimeout (the reply would time out first).
+// Default off. An n < 1, a timeout below 1ms, or one not shorter than the
+// client's ReadTimeout is an ErrInvalidOption error.
 func WithReplicas(n int, timeout time.Duration) Option {
 	return func(c *config) error {
 		if n < 1 {
@@ -159,17 +131,12 @@ func WithReplicas(n int, timeout time.Duration) Option {
 }
 
 // WithPipelines sets how many of the Backend's script calls may be in
-// flight before further ones are batched: while n are, the calls its other
-// goroutines make wait, and the first of them then sends them together in
-// one pipeline (up to 64 calls). A call's context bounds it as always (see
-// New). Batching saves the server a read and a write per call, so many
-// goroutines on one Backend carry more locks per second (see the package
-// documentation, Pipelining). n = 0 sends every call alone, each on a
-// connection of its own.
+// flight before further ones are batched: the calls made meanwhile are
+// sent together, up to 64 in one pipeline, when a slot frees (package
+// documentation, Pipelining). n = 0 sends every call alone.
 //
 // Default DefaultPipelines (2). An n below 0 or above 1024 is an
-// ErrInvalidOption error. Acquisitions with WithReplicas are never
-// batched: WAIT must follow the script on its connection.
+// ErrInvalidOption error. Acquisitions with WithReplicas are never batched.
 func WithPipelines(n int) Option {
 	return func(c *config) error {
 		if n < 0 || n > maxPipelines {

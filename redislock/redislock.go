@@ -84,22 +84,10 @@ type Backend struct {
 
 // New returns a Backend that takes locks on the Redis server(s) behind rdb,
 // configured by opts. New does not contact the server. If rdb is nil or an
-// option is invalid, the Backend is still returned but every call on it
-// fails with that error (matching dlock.ErrInvalidOption), which Err also
-// returns.
-//
-// Every call returns when its context ends, even while the server is not
-// answering and whatever rdb's timeout settings. go-redis bounds socket
-// I/O by its ReadTimeout and WriteTimeout, and by a context's deadline
-// only with ContextTimeoutEnabled, never by a cancellation. So a call
-// whose context can end runs on a helper goroutine, and when the caller
-// gives up the command still completes within rdb's timeouts; a lock that
-// an abandoned TryAcquire took meanwhile is released at once. The one
-// exception saves that goroutine: when rdb has ContextTimeoutEnabled and
-// the context has a deadline, the call runs directly and go-redis ends it
-// at the deadline (a cancellation before the deadline then waits for the
-// reply, and a grant that arrives too late expires with its TTL).
-// Concurrent calls are sent together in pipelines (see WithPipelines).
+// option is invalid, every call on the Backend fails with that error
+// (matching dlock.ErrInvalidOption), which Err also returns. Every call
+// returns when its context ends, whatever rdb's timeouts (package
+// documentation, Contexts).
 func New(rdb Client, opts ...Option) *Backend {
 	// rand.Text is 26 characters: IDLEN in queue_lib.lua.
 	b := &Backend{cfg: defaultConfig(), id: rand.Text()}

@@ -15,19 +15,11 @@ type nodeSub struct {
 }
 
 // Subscribe implements dlock.Notifier. It subscribes to key's release
-// channel on every node (each through its redislock.Backend's one shared
-// pub/sub connection), concurrently, and returns once a quorum of nodes
-// confirmed: the holder holds a quorum too, so at least one subscribed node
-// publishes its release. The nodes still unconfirmed after a short grace
-// (as long as the quorum took, at least 2ms) are given up; fewer than a
-// quorum confirmed within WithSubscribeTimeout (default 3s) is an error
-// joining one *dlock.NodeError per failed node.
-//
-// The returned channel receives a value (without blocking, buffer one)
-// after a release notification from any node: the first one wakes the
-// waiter. One goroutine per subscription merges the nodes' channels; stop
-// ends it and every node's subscription. Notifications are hints: the
-// Client bounds each wait by the holder's remaining TTL.
+// channel on every node concurrently and returns once a quorum confirmed
+// (the holder holds a quorum too, so one of them publishes its release);
+// fewer within WithSubscribeTimeout is an error joining one
+// *dlock.NodeError per failed node. The channel (buffer one) receives a
+// value after a release on any node; stop ends every node's subscription.
 func (b *Backend) Subscribe(ctx context.Context, key string) (<-chan struct{}, func(), error) {
 	if err := b.checkKey(ctx, key); err != nil {
 		return nil, nil, err
