@@ -30,21 +30,14 @@ import (
 )
 
 // BenchmarkHandoff measures lock hand-offs per second with n goroutines
-// contending for one key (16: the acceptance case; 2: one waiter), each
-// with its own etcd connection (etcdlock: its own Backend and
-// dlock.Client; the peer: its own concurrency.Session and Mutex), like
-// separate processes, each holding the lock about 100 µs.
-//
-// The sets of n workers (etcdlock three times: with its protocol switches
-// on as in production, with the sharing of watches between waits off,
-// with all off; then the peer) are set
-// up once and take turns in short slices (only one set runs at a time), so
-// that all see the same machine: the load of a shared machine drifts over
-// seconds, which makes back-to-back runs of several seconds incomparable.
-// Reported: the median rate of each over its slices, the median ratio to
-// the peer's slice of the same round, and, per grant, what the etcd server
-// counted meanwhile (its /metrics: gRPC requests, WAL fsyncs and the time
-// spent in them) and the CPU time of the server and of this process.
+// contending for one key, each with its own etcd connection (etcdlock: its
+// own Backend and dlock.Client; the peer: its own concurrency.Session and
+// Mutex), each holding the lock about 100 µs, in package handoff's
+// interleaved slices. The sets: etcdlock with its protocol switches on as
+// in production, with the sharing of watches between waits off, with all
+// off; then the peer. Reported per grant besides the rates: the etcd
+// server's gRPC requests, WAL fsyncs and their time (/metrics), and the
+// CPU time of the server and of this process.
 //
 //	go test -run '^$' -bench Handoff -benchtime 1x
 //

@@ -19,25 +19,14 @@ import (
 )
 
 // BenchmarkHandoff measures lock hand-offs per second with n goroutines
-// contending for one key (16: the acceptance case; 2: the common case of
-// one waiter), each with its own session (zklock: its own connection,
-// Backend and dlock.Client; the peer: its own connection and
-// go-zookeeper's zk.Lock), each holding the lock about 100µs (holdFor:
-// nanosleep on Linux, about 150µs with the kernel's timer slack; not
-// time.Sleep, which the Go runtime rounds up to a millisecond whenever no
-// other goroutine is runnable, so the hold would vary between 0.1 and 1.1
-// ms with what the protocol under test happens to be doing).
-//
-// The sets of n workers (zklock twice: as in production and without
-// watching the node ahead of the predecessor; then the peer) are set up
-// once and take turns in short slices (only one set runs at a time), so
-// that all see the same machine: the load of a shared machine drifts over
-// seconds, which makes back-to-back runs of several seconds incomparable.
-// Reported: the median rate of each over its slices, the median ratio to
-// the peer's slice of the same round, and, per
-// grant, what the server counted meanwhile (mntr: requests, fsyncs of its
-// transaction log and their time) and the CPU time of the server and of
-// the clients' process.
+// contending for one key, each with its own session (zklock: its own
+// connection, Backend and dlock.Client; the peer: its own connection and
+// go-zookeeper's zk.Lock), each holding the lock about 100µs (holdFor), in
+// package handoff's interleaved slices. The sets: zklock as in production
+// and without watching the node ahead of the predecessor; then the peer.
+// Reported per grant besides the rates: the server's requests, fsyncs of
+// its transaction log and their time (mntr), and the CPU time of the
+// server and of the clients' process.
 //
 //	go test -run '^$' -bench Handoff -benchtime 1x
 //

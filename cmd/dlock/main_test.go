@@ -381,6 +381,15 @@ func assertCode(t *testing.T, r result, want int) {
 	}
 }
 
+// assertStdout asserts that dlock exited 0 having printed want.
+func assertStdout(t *testing.T, r result, want string) {
+	t.Helper()
+	assertCode(t, r, 0)
+	if r.stdout != want {
+		t.Errorf("stdout: got %q, want %q", r.stdout, want)
+	}
+}
+
 // assertLost asserts that dlock exited with the lost code (76) after
 // stopping its trapScript command with SIGTERM, and that its stderr says
 // lost (what it lost, e.g. `lost the lock "K"`).
@@ -550,10 +559,7 @@ func TestRunWaitsForRelease(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := p.wait(30 * time.Second)
-	assertCode(t, r, 0)
-	if r.stdout != "ran\n" {
-		t.Errorf("stdout: got %q, want %q", r.stdout, "ran\n")
-	}
+	assertStdout(t, r, "ran\n")
 	assertFree(t, key)
 }
 
@@ -775,10 +781,7 @@ func TestRunReentrantOwner(t *testing.T) {
 	key := keyFor(t)
 	// A nested run with the same owner re-enters instead of conflicting.
 	r := dlockRun(t, "run", "--owner", "job-1", key, "--", bin, "run", "--owner", "job-1", key, "--", "sh", "-c", `echo "$DLOCK_OWNER"`)
-	assertCode(t, r, 0)
-	if r.stdout != "job-1\n" {
-		t.Errorf("stdout: got %q, want %q", r.stdout, "job-1\n")
-	}
+	assertStdout(t, r, "job-1\n")
 	assertFree(t, key)
 }
 
