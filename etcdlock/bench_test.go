@@ -125,9 +125,10 @@ func envDuration(b *testing.B, name string, def time.Duration) time.Duration {
 }
 
 // newContenders returns n workers made by newWorker, each holding the
-// lock for hold, with what the etcd server counts while they run.
+// lock for hold (locktest.Hold), with what the etcd server counts while
+// they run.
 func newContenders(n int, hold time.Duration, newWorker func() handoff.Worker) *handoff.Metered[etcdMetrics] {
-	set := handoff.NewSet(n, func() { time.Sleep(hold) }, newWorker) // the holder's work
+	set := handoff.NewSet(n, func() { locktest.Hold(hold) }, newWorker)
 	return handoff.NewMetered(set, etcdMetrics{rpcs: make(map[string]float64)}, scrape, (*etcdMetrics).add)
 }
 

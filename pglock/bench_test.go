@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/locktest"
 	"github.com/dlock-go/dlock/internal/scale"
 	"github.com/dlock-go/dlock/pglock"
 )
@@ -192,7 +193,7 @@ func run(b *testing.B, vs []*variant, workers, rounds int, slice, hold time.Dura
 							return
 						}
 						if hold > 0 {
-							time.Sleep(hold) // the work done under the lock: what the benchmark holds it for
+							locktest.Hold(hold) // the work done under the lock: what the benchmark holds it for
 						}
 						n.Add(1)
 						release()

@@ -517,7 +517,7 @@ func TestKindPermitContention(t *testing.T) {
 		peak.Enter()
 		// Hold ≈100µs, the point: the holds must overlap for the bound to
 		// be tested.
-		time.Sleep(100 * time.Microsecond)
+		locktest.Hold(100 * time.Microsecond)
 		peak.Leave()
 		return l.Release(ctx)
 	})

@@ -21,7 +21,7 @@ import (
 // BenchmarkHandoff measures lock hand-offs per second with n goroutines
 // contending for one key, each with its own session (zklock: its own
 // connection, Backend and dlock.Client; the peer: its own connection and
-// go-zookeeper's zk.Lock), each holding the lock about 100µs (holdFor), in
+// go-zookeeper's zk.Lock), each holding the lock about 100µs (locktest.Hold), in
 // package handoff's interleaved slices. The sets: zklock as in production
 // and without watching the node ahead of the predecessor; then the peer.
 // Reported per grant besides the rates: the server's requests, fsyncs of
@@ -79,10 +79,10 @@ func benchHandoff(b *testing.B, workers int) {
 }
 
 // newContenders returns n workers made by newWorker, each holding the
-// lock for hold (holdFor), with what the ZooKeeper server counts while
+// lock for hold (locktest.Hold), with what the ZooKeeper server counts while
 // they run.
 func newContenders(n int, hold time.Duration, newWorker func() handoff.Worker) *handoff.Metered[zkMetrics] {
-	return handoff.NewMetered(handoff.NewSet(n, func() { holdFor(hold) }, newWorker), zkMetrics{}, scrape, (*zkMetrics).add)
+	return handoff.NewMetered(handoff.NewSet(n, func() { locktest.Hold(hold) }, newWorker), zkMetrics{}, scrape, (*zkMetrics).add)
 }
 
 // zkMetrics are counters of the ZooKeeper server (four-letter word mntr)

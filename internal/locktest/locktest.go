@@ -2,9 +2,10 @@
 // keys, bounded contexts, acquisitions that must succeed or run on their
 // own goroutine, waits for a condition instead of sleeps, Backends and
 // Clients closed with the test (Closing), servers started for a test
-// (Deploy, Own), concurrent workers and their peak (Workers, Peak), lost
-// leases (Lost) and Redis command counts (CommandCalls), so that every
-// package's tests use the same helpers instead of copies.
+// (Deploy, Own), concurrent workers and their peak (Workers, Peak), the
+// work done under a lock (Hold), lost leases (Lost) and Redis command
+// counts (CommandCalls), so that every package's tests use the same
+// helpers instead of copies.
 //
 // A test that waits awaits what it waits for: a condition (WaitFor,
 // Poll), the end of changes (Settle), an acquisition's outcome (Granted)
