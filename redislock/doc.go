@@ -109,7 +109,11 @@
 // script against 0.9 µs for a SET), and a fenced cycle needs two scripts,
 // so in the bench module's S1 on a quiet machine the fenced floor
 // (internal/fencedfloor) makes 0.79× the raw floor's cycles and this
-// package 0.90× the fenced floor (docs/bench/redis-kinds.md).
+// package 0.90× the fenced floor (docs/bench/redis-kinds.md). With the
+// client and every server on one CPU, where each cycle is CPU-bound, the
+// fenced floor made 0.78× the raw floor and 0.84× bsm/redislock, and this
+// package 0.89× the fenced floor (docs/bench/s1-one-cpu.md): most of the
+// rest is go-redis sending the two scripts.
 //
 //   - acquire.lua takes a free lock (SET NX PX GET, count 1, fence: the
 //     server time) or one that holds a tombstone (fence above it, see
