@@ -112,8 +112,9 @@
 // package 0.90× the fenced floor (docs/bench/redis-kinds.md). With the
 // client and every server on one CPU, where each cycle is CPU-bound, the
 // fenced floor made 0.78× the raw floor and 0.84× bsm/redislock, and this
-// package 0.89× the fenced floor (docs/bench/s1-one-cpu.md): most of the
-// rest is go-redis sending the two scripts.
+// package 0.89× the fenced floor (docs/bench/s1-one-cpu.md). There the
+// Client's and this package's own work is about a tenth of the client's
+// CPU per cycle; go-redis sending the two scripts is most of the rest.
 //
 //   - acquire.lua takes a free lock (SET NX PX GET, count 1, fence: the
 //     server time) or one that holds a tombstone (fence above it, see
