@@ -113,7 +113,7 @@
 // client and every server on one CPU, where each cycle is CPU-bound, the
 // fenced floor made 0.78× the raw floor and 0.84× bsm/redislock, and this
 // package 0.89× the fenced floor (docs/bench/s1-one-cpu.md). There the
-// Client's and this package's own work is about a tenth of the client's
+// Client's and this package's own work is about a fifth of the client's
 // CPU per cycle; go-redis sending the two scripts is most of the rest.
 //
 //   - acquire.lua takes a free lock (SET NX PX GET, count 1, fence: the
