@@ -111,10 +111,11 @@
 // (internal/fencedfloor) makes 0.79× the raw floor's cycles and this
 // package 0.90× the fenced floor (docs/bench/redis-kinds.md). With the
 // client and every server on one CPU, where each cycle is CPU-bound, the
-// fenced floor made 0.78× the raw floor and 0.84× bsm/redislock, and this
-// package 0.89× the fenced floor (docs/bench/s1-one-cpu.md). There the
-// Client's and this package's own work is about a fifth of the client's
-// CPU per cycle; go-redis sending the two scripts is most of the rest.
+// fenced floor made 0.76–0.78× the raw floor and 0.83–0.84×
+// bsm/redislock, and this package 0.89–0.94× the fenced floor
+// (docs/bench/one-cpu.md). There the Client's and this package's own
+// work is about a fifth of the client's CPU per cycle; go-redis sending
+// the two scripts is most of the rest.
 //
 //   - acquire.lua takes a free lock (SET NX PX GET, count 1, fence: the
 //     server time) or one that holds a tombstone (fence above it, see
@@ -179,9 +180,13 @@
 // for the replies of the earlier ones) made 1.13×, 1.23× and 1.43×
 // rueidislock in three runs, and 1.15×, 1.27× and 1.88× this package
 // (docs/BENCHMARKS.md, docs/bench/redis-floors.md; the last on a machine
-// four times slower). What this package adds to the floor is
-// go-redis' pipelining (a pipeline holds its connection until every reply
-// has come) and the Client's lease bookkeeping.
+// four times slower). It is not work either: with the client and the
+// server on one CPU, where only work counts, this package made 1.40×
+// rueidislock and 0.97× that floor (docs/bench/one-cpu.md). On two CPUs
+// the difference is latency: a go-redis pipeline holds its connection
+// until every reply has come, so a slot sends its next batch only a
+// round trip later, while rueidis keeps writing and the server always has
+// commands to read.
 //
 // # Lease model
 //
