@@ -349,7 +349,21 @@ func TestSentinel(t *testing.T) {
 		t.Cleanup(func() { rdb.Close() })
 		return rdb
 	}
+	// A failover during the conformance run (a stall of the primary over
+	// down-after-milliseconds) would lose locks by design: say so if one
+	// happened, so that a failure it causes is not taken for a bug.
+	master := func() string {
+		addr, err := s.MasterAddr(ctxT(t, 5*time.Second))
+		if err != nil {
+			return err.Error()
+		}
+		return addr
+	}
+	before := master()
 	t.Run("Conformance", conformance(func(t *testing.T) redislock.Client { return newFC(t) }, nil))
+	if after := master(); after != before {
+		t.Logf("the primary changed during the conformance run (%s, then %s): a failover loses locks (doc.go)", before, after)
+	}
 	t.Run("Replicas", func(t *testing.T) { sentinelReplicas(t, s, newFC) })
 	t.Run("Failover", func(t *testing.T) { sentinelFailover(t, s, newFC) })
 }
