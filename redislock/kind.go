@@ -175,13 +175,15 @@ func (b *Backend) releaseShared(ctx context.Context, r dlock.Request) error {
 // permit's or read hold's (kind_refresh.lua).
 func (b *Backend) refreshCall(r dlock.Request) (*redis.Script, []string, []any) {
 	lock := b.lockName(r.Key)
-	if r.Kind == dlock.KindLock && r.Value != "" {
-		return refreshScript, []string{lock, valueName(lock)}, []any{r.Token, fenceArg(r.Fence), b.ttlArg(r.TTL)}
+	args := []any{r.Token, fenceArg(r.Fence), b.ttlArg(r.TTL)}
+	if r.Kind != dlock.KindLock {
+		return kindRefreshScript, []string{lock, lock + ":h"}, append(args, kindArg(r.Kind))
 	}
-	if r.Kind == dlock.KindLock {
-		return refreshScript, []string{lock}, []any{r.Token, fenceArg(r.Fence), b.ttlArg(r.TTL)}
+	keys := []string{lock}
+	if r.Value != "" {
+		keys = append(keys, valueName(lock))
 	}
-	return kindRefreshScript, []string{lock, lock + ":h"}, []any{r.Token, fenceArg(r.Fence), b.ttlArg(r.TTL), kindArg(r.Kind)}
+	return refreshScript, keys, args
 }
 
 // claimWriter makes r, a writer's attempt that found the key held and will be
