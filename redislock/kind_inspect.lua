@@ -37,7 +37,7 @@ for _, key in ipairs({q, KEYS[5]}) do
 end
 if ARGV[1] == '1' then
   redis.call('DEL', hs, KEYS[4])
-  local err = free_marker(lock, q, f, a, 'q' .. fl .. 'w', ARGV[3], ARGV[4], ARGV[2], now_us)
+  local err = free_lock(lock, q, f, a, 'q' .. fl .. 'w', ARGV[3], ARGV[4], ARGV[2], now_us, true)
   if err then
     return err
   end

@@ -27,32 +27,6 @@ local function writer_waits(lock, q, x, fl, ms)
   return false
 end
 
--- free_marker frees a marker (fence f, ahead a, flags fl) whose last hold
--- is gone, at server time t (µs): with flag q the key goes to the first
--- live queued writer (keeping flag w, so that its release wakes the
--- readers that found the key held); else the marker is deleted (or left
--- as a tombstone) and, with flag w, the release channel rel is PUBLISHed
--- on. Returns nil, or a wrong-type reply (nothing changed).
-local function free_marker(lock, q, f, a, fl, claim, wake, rel, t)
-  if has(fl, 'q') then
-    local head, hf, err = hand_off(lock, q, nil, 0, claim, wake, t, f)
-    if err then
-      return err
-    end
-    if head then
-      if has(fl, 'w') then
-        redis.call('SET', lock, pack(hf, 1, 'qcw', ahead(hf, t), string.sub(head, IDLEN + 1)), 'KEEPTTL')
-      end
-      return nil
-    end
-  end
-  free(lock, f, a)
-  if has(fl, 'w') then
-    redis.call('PUBLISH', rel, '')
-  end
-  return nil
-end
-
 -- hand_permit hands a permit just given up on the semaphore lock (marker
 -- fence f, count n, flags fl, ahead a) to the first live waiter of its
 -- permit queue pq, at server time t (µs): a hold with a new fence,

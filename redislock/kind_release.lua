@@ -11,7 +11,7 @@
 -- Returns 1 when the hold is given up: a permit goes to the first live
 --           waiter of the permit queue (flag s, see hand_permit); after
 --           the last hold the key goes to the first live queued writer or
---           is freed (see free_marker); a permit's release PUBLISHes on
+--           is freed (see free_lock); a permit's release PUBLISHes on
 --           the release channel when someone found the semaphore full,
 --         0 when the token does not hold it (nothing changed),
 --         {-1, key, type} when the key holds a value of another type.
@@ -97,7 +97,7 @@ end
 if live == 0 then
   -- The last live hold is gone: the key may go to a queued writer.
   redis.call('DEL', hs, KEYS[4])
-  local err = free_marker(lock, KEYS[3], f, a, fl, ARGV[5], ARGV[6], ARGV[4], now_us)
+  local err = free_lock(lock, KEYS[3], f, a, fl, ARGV[5], ARGV[6], ARGV[4], now_us, true)
   if err then
     return err
   end

@@ -51,16 +51,23 @@ local function hand_off(lock, q, self, ttl, claim, wake, t, last)
 end
 
 -- free_lock frees a lock (fence f, ahead a, flags fl) whose last hold was
--- given up: with flag q it goes to the first live FIFO waiter; else it is
--- deleted (or left as a tombstone, see free), with a PUBLISH on rel when
--- it has flag w. Returns nil, or a wrong-type reply (nothing changed).
-local function free_lock(lock, q, f, a, fl, claim, wake, rel)
+-- given up, at server time t (µs; nil: read when needed): with flag q it
+-- goes to the first live FIFO waiter (with keep_w, a read-hold marker
+-- keeps flag w there, so that its release wakes the readers that found
+-- the key held); else it is deleted (or left as a tombstone, see free),
+-- with a PUBLISH on rel when it has flag w. Returns nil, or a wrong-type
+-- reply (nothing changed).
+local function free_lock(lock, q, f, a, fl, claim, wake, rel, t, keep_w)
   if has(fl, 'q') then
-    local head, _, err = hand_off(lock, q, nil, 0, claim, wake, now(), f)
+    t = t or now()
+    local head, hf, err = hand_off(lock, q, nil, 0, claim, wake, t, f)
     if err then
       return err
     end
     if head then
+      if keep_w and has(fl, 'w') then
+        redis.call('SET', lock, pack(hf, 1, 'qcw', ahead(hf, t), string.sub(head, IDLEN + 1)), 'KEEPTTL')
+      end
       return nil
     end
   end
