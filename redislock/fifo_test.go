@@ -56,6 +56,16 @@ func queueLen(t testing.TB, rdb redis.Cmdable, b *redislock.Backend, key string)
 type waiter struct {
 	got  chan *dlock.Lease
 	errc chan error
+
+	state func() string // the key's state, for a timeout's message; nil: none
+}
+
+// stateNote returns w.state's report as a suffix of a failure message.
+func (w *waiter) stateNote() string {
+	if w.state == nil {
+		return ""
+	}
+	return "; " + w.state()
 }
 
 // startAcquire starts an Acquire of key through c with ctx and opts on a
@@ -82,7 +92,7 @@ func (w *waiter) lease(t *testing.T, d time.Duration, what string) *dlock.Lease 
 	case err := <-w.errc:
 		t.Fatalf("%s: %v", what, err)
 	case <-time.After(d):
-		t.Fatalf("%s: not acquired within %v", what, d)
+		t.Fatalf("%s: not acquired within %v%s", what, d, w.stateNote())
 	}
 	return nil
 }
@@ -97,7 +107,7 @@ func (w *waiter) failure(t *testing.T, what string) error {
 	case l := <-w.got:
 		t.Fatalf("%s: acquired (fence %d), want an error", what, l.Fence())
 	case <-time.After(5 * time.Second):
-		t.Fatalf("%s: did not return within 5s", what)
+		t.Fatalf("%s: did not return within 5s%s", what, w.stateNote())
 	}
 	return nil
 }
@@ -135,8 +145,23 @@ func holdKeyOn(t *testing.T, admin redis.UniversalClient, holder *dlock.Client, 
 func (s *heldKey) queue(t *testing.T, c *dlock.Client, ctx context.Context, n int64, opts ...dlock.Option) *waiter {
 	t.Helper()
 	w := startAcquire(c, ctx, s.key, opts...)
+	w.state = s.state
 	s.queued(t, n)
 	return w
+}
+
+// state reports the key's lock value and queue, as the server holds them.
+func (s *heldKey) state() string {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	lock := s.b.LockName(s.key)
+	v, err := s.admin.Get(ctx, lock).Result()
+	q, qerr := s.admin.ZRange(ctx, lock+":q", 0, -1).Result()
+	beats := make([]string, len(q)) // each member's heartbeat PTTL
+	for i, m := range q {
+		beats[i] = s.admin.PTTL(ctx, lock+":w:"+m).Val().String()
+	}
+	return fmt.Sprintf("lock %q (%v), queue %q (%v), heartbeats %v", v, err, q, qerr, beats)
 }
 
 // queued waits until the key's queue has n entries.
