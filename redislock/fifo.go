@@ -183,11 +183,12 @@ func (q *queued) step(ctx context.Context) (dlock.Grant, time.Duration, error) {
 // send runs one step of the waiter's queue script s with args and reads
 // its reply with parse: a grant, or the arrival and heartbeat deadline of
 // the waiter still queued. A grant counts from the step's invoke; one that
-// WithReplicas does not confirm is given back with release. A step
-// abandoned by ctx is undone by its own cleanup when its reply comes (a
-// grant given back with release, a queue entry left with exit), and send
-// waits for that (at most the waiter TTL) so that the waiter has left the
-// queue when Wait returns, as dlock.Waiter says.
+// WithReplicas does not confirm is given back with release. A step that
+// ctx ended while it ran is undone by its own cleanup when its reply comes
+// (a grant given back with release, a queue entry left with exit), and
+// send waits for that (at most the waiter TTL) so that the waiter has left
+// the queue when Wait returns, as dlock.Waiter says. A step that failed
+// returns at once, and waitQueued leaves the queue.
 func (q *queued) send(ctx context.Context, s *redis.Script, args []any,
 	release func(context.Context, dlock.Request, uint64), exit func(context.Context),
 	parse func(any) (dlock.Grant, string, int64, error)) (dlock.Grant, error) {
@@ -208,9 +209,11 @@ func (q *queued) send(ctx context.Context, s *redis.Script, args []any,
 		return dlock.Grant{}, b.callErr("wait", r.Key, err) // nothing sent
 	}
 	sent := time.Now()
-	v, err := guard(b, ctx, false, call, late)
+	v, gaveUp, err := guardLate(b, ctx, false, call, late)
 	if err != nil {
-		if ctx.Err() != nil {
+		if gaveUp {
+			// Only a step given up while it ran is undone by late; one that
+			// failed, or was never sent, has nothing to undo.
 			t := time.NewTimer(b.cfg.waiterTTL)
 			select {
 			case <-undone:

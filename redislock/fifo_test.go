@@ -350,7 +350,7 @@ func TestFIFOCancelLeavesQueue(t *testing.T) {
 type cancelHook struct {
 	mu     sync.Mutex
 	armed  bool
-	cancel context.CancelFunc
+	cancel func()
 }
 
 func (h *cancelHook) arm() {
@@ -385,11 +385,65 @@ func TestFIFOCancelAfterHandOff(t *testing.T) {
 	s := holdKey(t, peerWith(t, opt))
 	cctx, cancel := context.WithCancel(s.ctx)
 	defer cancel()
-	hook := &cancelHook{cancel: cancel}
+	testCancelAfterHandOff(t, s, cancel, func(rdbA *redis.Client) *waiter {
+		return startAcquire(dlockClient(t, rdbA, opt), cctx, s.key, dlock.WithFIFO(), dlock.WithOwner("first"))
+	})
+}
+
+// endsLate is a context that ends (Err reports context.Canceled) when
+// end is called, but whose Done channel is its parent's: a wait on it sees
+// a call's error before the end, as when a deadline passes just after a
+// call failed.
+type endsLate struct {
+	context.Context
+	ended atomic.Bool
+}
+
+func (c *endsLate) end() { c.ended.Store(true) }
+
+func (c *endsLate) Err() error {
+	if c.ended.Load() {
+		return context.Canceled
+	}
+	return c.Context.Err()
+}
+
+// TestFIFOStepFailsAsContextEnds is TestFIFOCancelAfterHandOff with the
+// claim failing just before the waiter's context ends, so that Wait sees
+// the failure first: Wait returns at once, not after the waiter TTL.
+// (A Client's Wait runs on a context of its own: this calls
+// Backend.Wait.)
+func TestFIFOStepFailsAsContextEnds(t *testing.T) {
+	opt := redislock.WithWaiterTTL(10 * time.Second)
+	s := holdKey(t, peerWith(t, opt))
+	ctx := &endsLate{Context: s.ctx}
+	testCancelAfterHandOff(t, s, ctx.end, func(rdbA *redis.Client) *waiter {
+		b := locktest.Closing(t, redislock.New(rdbA, opt))
+		w := &waiter{got: make(chan *dlock.Lease, 1), errc: make(chan error, 1)}
+		go func() {
+			r := dlock.Request{Key: s.key, Token: "first", TTL: 30 * time.Second, Reentrant: true, FIFO: true}
+			g, err := b.Wait(ctx, r)
+			if err == nil {
+				err = fmt.Errorf("granted (fence %d)", g.Fence)
+			}
+			w.errc <- err
+		}()
+		return w
+	})
+}
+
+// testCancelAfterHandOff queues the waiter start returns, on a connection
+// whose first script after the release fails and calls end, then another
+// waiter; it releases the lock and checks that the first returns an error
+// matching context.Canceled, and the second is served at once.
+func testCancelAfterHandOff(t *testing.T, s *heldKey, end func(), start func(*redis.Client) *waiter) {
+	hook := &cancelHook{cancel: end}
 	rdbA := newRDB(t, srv.Addr())
 	rdbA.AddHook(hookFunc(hook.fire))
-	first := s.queue(t, dlockClient(t, rdbA, opt), cctx, 1, dlock.WithFIFO(), dlock.WithOwner("first"))
-	second := s.queue(t, peerWith(t, opt), s.ctx, 2, dlock.WithFIFO())
+	first := start(rdbA)
+	first.state = s.state
+	s.queued(t, 1)
+	second := s.queue(t, peerWith(t, redislock.WithWaiterTTL(10*time.Second)), s.ctx, 2, dlock.WithFIFO())
 	hook.arm()
 	released := s.release(t)
 	if err := first.failure(t, "first waiter, its context cancelled before the claim"); !errors.Is(err, context.Canceled) {

@@ -507,16 +507,25 @@ func (b *Backend) runScript(ctx context.Context, op, key string, s *redis.Script
 // deadline when rdb has ContextTimeoutEnabled and direct is set (a call
 // that must always learn its outcome, to undo it, passes false).
 func guard[T any](b *Backend, ctx context.Context, direct bool, fn func(context.Context) (T, error), late func(T, error)) (T, error) {
+	v, _, err := guardLate(b, ctx, direct, fn, late)
+	return v, err
+}
+
+// guardLate is guard, and reports whether it gave fn up while it ran:
+// then, and only then, late is called (or will be).
+func guardLate[T any](b *Backend, ctx context.Context, direct bool, fn func(context.Context) (T, error), late func(T, error)) (T, bool, error) {
 	var zero T
 	if ctx.Done() == nil {
-		return fn(ctx)
+		v, err := fn(ctx)
+		return v, false, err
 	}
 	if err := ctx.Err(); err != nil {
-		return zero, err
+		return zero, false, err
 	}
 	if direct && b.ctxDeadlines {
 		if _, ok := ctx.Deadline(); ok {
-			return fn(ctx)
+			v, err := fn(ctx)
+			return v, false, err
 		}
 	}
 	type result struct {
@@ -537,10 +546,10 @@ func guard[T any](b *Backend, ctx context.Context, direct bool, fn func(context.
 	}()
 	select {
 	case r := <-out:
-		return r.v, r.err
+		return r.v, false, r.err
 	case <-ctx.Done():
 		close(gaveUp)
-		return zero, ctx.Err()
+		return zero, true, ctx.Err()
 	}
 }
 
