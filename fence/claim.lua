@@ -5,17 +5,10 @@
 -- KEYS[1] = the value hash: v = value, f = fence and e = epoch of the
 -- highest token accepted (no e: epoch 0), o = its owner.
 -- ARGV = fence, owner, epoch.
--- Accept when (epoch, fence) > highest, or == highest from the same owner
--- (package fence's rule). Returns {1, value or ""} when accepted, and
--- {0, highest fence, its epoch} when rejected.
+-- Accept as order.lua's accepts says. Returns {1, value or ""} when
+-- accepted, and {0, highest fence, its epoch} when rejected.
 local cur = redis.call('HMGET', KEYS[1], 'v', 'f', 'o', 'e')
-local highest = tonumber(cur[2] or '0')
-local hepoch = tonumber(cur[4] or '0')
-local fence = tonumber(ARGV[1])
-local epoch = tonumber(ARGV[3])
-local older = epoch < hepoch or (epoch == hepoch and fence < highest)
-local same = epoch == hepoch and fence == highest
-if older or (same and cur[2] and cur[3] ~= ARGV[2]) then
+if not accepts(ARGV[1], ARGV[2], ARGV[3], cur[2], cur[3], cur[4]) then
   return {0, tostring(cur[2]), tostring(cur[4] or '0')}
 end
 redis.call('HSET', KEYS[1], 'f', ARGV[1], 'o', ARGV[2], 'e', ARGV[3])

@@ -10,15 +10,18 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-//go:embed set.lua
-var setLua string
+// The scripts: order.lua (the rule) followed by set.lua or claim.lua.
+var (
+	//go:embed order.lua
+	orderLua string
+	//go:embed set.lua
+	setLua string
+	//go:embed claim.lua
+	claimLua string
 
-var setScript = redis.NewScript(setLua)
-
-//go:embed claim.lua
-var claimLua string
-
-var claimScript = redis.NewScript(claimLua)
+	setScript   = redis.NewScript(orderLua + setLua)
+	claimScript = redis.NewScript(orderLua + claimLua)
+)
 
 // Redis stores fenced values in Redis: each value is a hash holding the
 // value, the highest token accepted (fence f, epoch e; no e is epoch 0)
