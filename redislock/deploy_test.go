@@ -9,12 +9,14 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/fencedfloor"
 )
 
 // legacyAcquire is the fast path of the previous version's acquire.lua
 // (a fixture: the layout a client of that version writes): the lock a hash
 // {owner, count, fence} with the lease's TTL, the fence
-// max(counter + 1, server time in µs) in the permanent counter KEYS[2].
+// max(counter + 1, server time in µs) in the permanent counter KEYS[2]
+// (fencedfloor.CounterFence).
 // It returns {1, fence} when it took the lock, {0, pttl} when the lock key
 // exists, and a Redis error for a key of another type, as that version
 // does (HMGET on a string fails).
@@ -22,17 +24,10 @@ var legacyAcquire = redis.NewScript(`
 if redis.call('EXISTS', KEYS[1]) == 1 then
   local h = redis.call('HMGET', KEYS[1], 'owner')
   return {0, redis.call('PTTL', KEYS[1])}
-end
-local t = redis.call('TIME')
-local fence = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local last = tonumber(redis.call('SET', KEYS[2], string.format('%.0f', fence), 'GET'))
-if last and last >= fence then
-  fence = last + 1
-  redis.call('SET', KEYS[2], string.format('%.0f', fence))
-end
-redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'count', 1, 'fence', string.format('%.0f', fence))
+end` + fencedfloor.CounterFence + `
+redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'count', 1, 'fence', string.format('%.0f', now))
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return {1, fence}`)
+return {1, now}`)
 
 // TestRollingDeploy: a lock written by the previous version (a hash and
 // a fence counter) is never granted to this version while it is held, by

@@ -11,7 +11,8 @@
 // Minimal is the fence of the earlier layout, kept for comparison
 // (redislock's BenchmarkFenceCost): a string lock taken with SET NX PX,
 // then max(counter+1, server TIME in µs) from a companion counter key
-// (TIME and SET ... GET): three redis.calls.
+// (TIME and SET ... GET): three redis.calls. Its fence fragment,
+// CounterFence, also serves redislock's rolling-deploy fixture.
 //
 // RawSemaphore is the floor of a semaphore: the classic sorted-set
 // semaphore without leases or fences, used by redislock's permit
@@ -20,10 +21,11 @@ package fencedfloor
 
 import "github.com/redis/go-redis/v9"
 
-// fence issues the next fence from the counter KEYS[2] into now:
+// CounterFence is the earlier layout's fence, a Lua fragment: it issues
+// the next fence from the permanent counter KEYS[2] into the local now:
 // max(last + 1, server time in µs), stored back in the counter (TIME,
 // SET ... GET, and a second SET only when the clock is behind it).
-const fence = `
+const CounterFence = `
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local last = tonumber(redis.call('SET', KEYS[2], string.format('%.0f', now), 'GET'))
@@ -59,7 +61,7 @@ var (
 	// (the earlier layout's). It returns {1, fence} when granted, {0, pttl} when the lock is
 	// held. Release it with a compare-and-delete of the token.
 	Minimal = redis.NewScript(`
-if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return {0, redis.call('PTTL', KEYS[1])} end` + fence + `return {1, now}`)
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return {0, redis.call('PTTL', KEYS[1])} end` + CounterFence + `return {1, now}`)
 	// Release deletes KEYS[1] if token ARGV[1] holds it with fence ARGV[2]:
 	// 1 when deleted, 0 when not held.
 	Release = redis.NewScript(ReleaseSrc)
