@@ -119,8 +119,9 @@ type Notifier interface {
 }
 
 // Waiter is an optional Backend capability: a server-side queue. Wait
-// blocks until r is granted or ctx ends; when ctx ends it removes its
-// queue entry (with a fresh context) and returns an error matching
+// blocks until r is granted or ctx ends; when it fails it removes its
+// queue entry and, with r.Waiting, withdraws the writer's claim (with a
+// fresh context), and when ctx ended returns an error matching
 // ctx.Err(). The Client calls Wait for WithFIFO requests, and for every
 // wait when the backend is not also a Notifier (then the queue is how it
 // waits, and it may ignore r.FIFO). A backend may return

@@ -209,9 +209,24 @@ func (s *suite) rwShare(t *testing.T) {
 }
 
 // rwWriterFirst: a waiting writer keeps new readers out; when it gives up
-// they may enter at once.
+// they may enter at once. With the default wait and, on a backend that
+// queues, with WithFIFO.
 func (s *suite) rwWriterFirst(t *testing.T) {
 	s.needKind(t, dlock.KindRead)
+	t.Run("Default", func(t *testing.T) { s.rwWriterFirstWith(t) })
+	t.Run("FIFO", func(t *testing.T) {
+		b := s.h.NewBackend(t)
+		_, waits := b.(dlock.Waiter)
+		b.Close()
+		if !waits {
+			t.Skip("backend has no server-side queue")
+		}
+		s.rwWriterFirstWith(t, dlock.WithFIFO())
+	})
+}
+
+// rwWriterFirstWith is rwWriterFirst with the writers' options opts.
+func (s *suite) rwWriterFirstWith(t *testing.T, opts ...dlock.Option) {
 	key := Key(t)
 	ctx := ctxT(t, s.long())
 	r1, err := s.client(t).RWLock(key).RLock(ctx)
@@ -222,7 +237,7 @@ func (s *suite) rwWriterFirst(t *testing.T) {
 	got := make(chan error, 1)
 	wc := s.client(t)
 	go func() {
-		l, err := wc.RWLock(key).Lock(wctx)
+		l, err := wc.RWLock(key).Lock(wctx, opts...)
 		if err == nil {
 			release(t, l)
 		}
@@ -247,7 +262,7 @@ func (s *suite) rwWriterFirst(t *testing.T) {
 	release(t, r2)
 	// A writer that waits gets the key when the readers leave.
 	go func() {
-		l, err := wc.RWLock(key).Lock(ctx)
+		l, err := wc.RWLock(key).Lock(ctx, opts...)
 		if err == nil {
 			release(t, l)
 		}

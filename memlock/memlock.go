@@ -485,17 +485,22 @@ func (b *Backend) Wait(ctx context.Context, r dlock.Request) (dlock.Grant, error
 	for {
 		if err := b.enter(ctx); err != nil {
 			b.s.mu.Lock()
-			b.s.dequeue(r.Key, w)
+			b.s.leave(r, w)
 			b.s.mu.Unlock()
 			return dlock.Grant{}, err
 		}
 		var expire <-chan time.Time
 		if q := b.s.queues[r.Key]; q[0] == w {
 			g, err := b.s.tryLocked(r, time.Now(), true)
-			if g.OK || err != nil {
-				b.s.dequeue(r.Key, w)
+			if err != nil {
+				b.s.leave(r, w)
 				b.s.mu.Unlock()
 				return g, err
+			}
+			if g.OK {
+				b.s.dequeue(r.Key, w)
+				b.s.mu.Unlock()
+				return g, nil
 			}
 			if g.HolderTTL <= 0 {
 				g.HolderTTL = time.Millisecond
@@ -521,6 +526,15 @@ func (b *Backend) Wait(ctx context.Context, r dlock.Request) (dlock.Grant, error
 		case <-ready:
 		case <-expire:
 		}
+	}
+}
+
+// leave takes the waiter w of r out of its queue and withdraws a writer's
+// claim, so that the readers it kept out may enter. s.mu must be held.
+func (s *Store) leave(r dlock.Request, w *waiter) {
+	s.dequeue(r.Key, w)
+	if r.Waiting {
+		s.unclaim(r.Key, r.Token)
 	}
 }
 
