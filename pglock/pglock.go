@@ -214,8 +214,20 @@ func (b *Backend) TryAcquire(ctx context.Context, r dlock.Request) (dlock.Grant,
 	// attempt of a wait is followed by a subscription and an immediate
 	// retry, so it does without the answer and its cost.
 	stmt := b.stmts.acquire[b2i(r.Reentrant)][b2i(b.lis.waiting(r.Key))]
+	// sent reports whether the last statement may have reached the
+	// server: one whose connection request failed, or that pgconn reports
+	// safe to retry, did not, and has no grant to give back.
+	sent := false
 	run := func(stmt string) error {
-		return b.pool.QueryRow(ctx, stmt, r.Key, r.Token, r.TTL.Microseconds()).Scan(&ok, &fence, &count, &remain)
+		conn, err := b.pool.Acquire(ctx)
+		if err != nil {
+			sent = false
+			return err
+		}
+		defer conn.Release()
+		err = conn.QueryRow(ctx, stmt, r.Key, r.Token, r.TTL.Microseconds()).Scan(&ok, &fence, &count, &remain)
+		sent = err == nil || !pgconn.SafeToRetry(err)
+		return err
 	}
 	acquire := func() error {
 		if !r.Reentrant && b.freed.has(r.Key) {
@@ -234,7 +246,7 @@ func (b *Backend) TryAcquire(ctx context.Context, r dlock.Request) (dlock.Grant,
 	} else {
 		tried := false
 		err = b.retry(ctx, func() error {
-			if tried {
+			if tried && sent {
 				// The last try may have been granted before its
 				// connection failed: give that grant back (the token is
 				// this attempt's own), then try again.
@@ -248,7 +260,7 @@ func (b *Backend) TryAcquire(ctx context.Context, r dlock.Request) (dlock.Grant,
 	case errors.Is(err, pgx.ErrNoRows):
 		return dlock.Grant{}, nil
 	case err != nil:
-		if ctx.Err() != nil && !r.Reentrant {
+		if sent && ctx.Err() != nil && !r.Reentrant {
 			b.abandon(ctx, r)
 		}
 		return dlock.Grant{}, wrap("acquire", err)

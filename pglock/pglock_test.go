@@ -530,3 +530,40 @@ func TestFreedKeyTakenOrDeleted(t *testing.T) {
 	release(a, grant(a, "a4"))
 	release(a, grant(a, "a5"))
 }
+
+// TestAcquireNotSentNotUndone: an attempt that never reached the server
+// (its context ended while it waited for a connection of the pool) is not
+// undone: only a statement that may have run can have made a grant, and a
+// clean-up would wait for a connection too, past the caller's deadline.
+func TestAcquireNotSentNotUndone(t *testing.T) {
+	cfg, err := pgxpool.ParseConfig(srv.DSN() + "&pool_max_conns=1&default_query_exec_mode=exec")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	b := locktest.Closing(t, pglock.New(pool))
+	ctx := locktest.Ctx(t, 10*time.Second)
+	r := dlock.Request{Key: locktest.Key(t), Token: "a", TTL: time.Second}
+	if g, err := b.TryAcquire(ctx, r); err != nil || !g.OK { // the schema is set up
+		t.Fatalf("TryAcquire: %+v, %v", g, err)
+	}
+	r.Token = "b"
+	conn, err := pool.Acquire(ctx) // the pool's only connection
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	before := pool.Stat().CanceledAcquireCount()
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if _, err := b.TryAcquire(short, r); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("TryAcquire without a free connection: got %v, want context.DeadlineExceeded", err)
+	}
+	if n := pool.Stat().CanceledAcquireCount() - before; n != 1 {
+		t.Fatalf("connection requests given up: %d, want 1 (the attempt's; no clean-up of a statement never sent)", n)
+	}
+}
