@@ -136,6 +136,9 @@ type queued struct {
 	// heartbeat deadline it set (server ms), 0 before the first.
 	sent     time.Time
 	deadline int64
+	// unsure: a step failed after it may have run (its reply lost), so
+	// the waiter may be queued although no step said so.
+	unsure bool
 }
 
 // newQueued returns the queue wait of r on lock, whose scripts take keys.
@@ -188,7 +191,8 @@ func (q *queued) step(ctx context.Context) (dlock.Grant, time.Duration, error) {
 // (a grant given back with release, a queue entry left with exit), and
 // send waits for that (at most the waiter TTL) so that the waiter has left
 // the queue when Wait returns, as dlock.Waiter says. A step that failed
-// returns at once, and waitQueued leaves the queue.
+// returns at once, and waitQueued leaves the queue (also when that step
+// may have queued the waiter: its reply lost).
 func (q *queued) send(ctx context.Context, s *redis.Script, args []any,
 	release func(context.Context, dlock.Request, uint64), exit func(context.Context),
 	parse func(any) (dlock.Grant, string, int64, error)) (dlock.Grant, error) {
@@ -211,6 +215,10 @@ func (q *queued) send(ctx context.Context, s *redis.Script, args []any,
 	sent := time.Now()
 	v, gaveUp, err := guardLate(b, ctx, false, call, late)
 	if err != nil {
+		var rerr redis.Error
+		if !gaveUp && !errors.As(err, &rerr) {
+			q.unsure = true // not the server's error reply: it may have run
+		}
 		if gaveUp {
 			// Only a step given up while it ran is undone by late; one that
 			// failed, or was never sent, has nothing to undo.
@@ -280,8 +288,8 @@ func parseStep(v any, err error) (dlock.Grant, time.Duration, string, int64, err
 // when its heartbeat lapses. It runs even after Close: the go-redis client
 // is the caller's and still open.
 func (q *queued) leave(ctx context.Context) {
-	if q.deadline != 0 {
-		q.exit(ctx) // else never queued; an abandoned step leaves by itself (see step)
+	if q.deadline != 0 || q.unsure {
+		q.exit(ctx) // else never queued; an abandoned step leaves by itself (see send)
 	}
 }
 

@@ -463,6 +463,59 @@ func testCancelAfterHandOff(t *testing.T, s *heldKey, end func(), start func(*re
 	s.free(t)
 }
 
+// errReplyLost is the error loseReply gives a command it ran.
+var errReplyLost = errors.New("test: reply lost")
+
+// loseReply is a go-redis hook: once armed, it fails the next single
+// script command that the server ran with errReplyLost, as a connection
+// that broke after the server ran it.
+type loseReply struct{ armed atomic.Bool }
+
+func (h *loseReply) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *loseReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if err == nil && (cmd.Name() == "evalsha" || cmd.Name() == "eval") && h.armed.CompareAndSwap(true, false) {
+			cmd.SetErr(errReplyLost)
+			return errReplyLost
+		}
+		return err
+	}
+}
+
+func (h *loseReply) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestFIFOStepReplyLost: the first step of a FIFO wait queued the waiter,
+// but its reply was lost. Wait fails and takes the entry out of the
+// queue, so that the next waiter is served at once when the lock is
+// released: a dead entry at the head would hold the hand-off for the
+// waiter TTL (10s here).
+func TestFIFOStepReplyLost(t *testing.T) {
+	opt := redislock.WithWaiterTTL(10 * time.Second)
+	s := holdKey(t, peerWith(t, opt))
+	rdbA := newRDB(t, srv.Addr())
+	hook := &loseReply{}
+	rdbA.AddHook(hook)
+	b := locktest.Closing(t, redislock.New(rdbA, opt))
+	hook.armed.Store(true)
+	r := dlock.Request{Key: s.key, Token: "first", TTL: 30 * time.Second, FIFO: true}
+	if g, err := b.Wait(s.ctx, r); !errors.Is(err, errReplyLost) {
+		t.Fatalf("Wait whose first step's reply was lost: got %+v, %v; want errReplyLost", g, err)
+	}
+	if n := queueLen(t, s.admin, s.b, s.key); n != 0 {
+		t.Fatalf("queue after the failed Wait: %d entries, want 0; %s", n, s.state())
+	}
+	second := s.queue(t, peerWith(t, opt), s.ctx, 1, dlock.WithFIFO())
+	released := s.release(t)
+	l := second.lease(t, 5*time.Second, "second waiter")
+	t.Logf("second waiter served %v after the release", time.Since(released))
+	release(t, s.ctx, l)
+	s.free(t)
+}
+
 // TestFIFOKilledWaiterProcess SIGKILLs a waiter PROCESS at the head of
 // the queue just before the holder releases: the lock is handed to the
 // dead waiter (its heartbeat is still fresh) and nobody claims it. The

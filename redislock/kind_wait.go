@@ -78,7 +78,7 @@ func parseStepTurn(v any, r dlock.Request) (dlock.Grant, bool, string, int64, er
 // leave takes the waiter out of the permit queue when a step queued it
 // (see queued.leave).
 func (pw *permitWaiter) leave(ctx context.Context) {
-	if pw.deadline != 0 {
+	if pw.deadline != 0 || pw.unsure {
 		pw.exit(ctx)
 	}
 }
