@@ -10,9 +10,14 @@
 //
 // certmagic names its locks after the operation and the certificate
 // ("issue_cert_example.com"); the dlock key is KeyPrefix + that name.
-// Leases are renewed by the Client's watchdog while certmagic works (and
-// also when certmagic asks through RenewLockLease), and a lease that is
-// lost is not renewed behind certmagic's back: Unlock then reports it.
+// Leases are renewed by the Client's watchdog while certmagic works.
+// certmagic asks, before each attempt of an operation it retries, to
+// renew the lease (RenewLockLease): the Locker renews it to the Client's
+// TTL, and takes a lost lock again if it is free, after which certmagic
+// checks its storage before it goes on. A loss is not hidden from
+// certmagic: the renewal fails when the lock cannot be taken again, and
+// Unlock reports it. Within one instance a name is held by one goroutine
+// at a time, from Lock to Unlock, as certmagic's Locker asks.
 //
 // # Fences
 //
@@ -33,12 +38,13 @@ import (
 	"github.com/caddyserver/certmagic"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/release"
 )
 
 // KeyPrefix starts the dlock key of every certmagic lock.
 const KeyPrefix = "certmagic:"
 
-// releaseTimeout bounds an Unlock whose context is already done.
+// releaseTimeout bounds an Unlock (see Locker.Unlock).
 const releaseTimeout = 5 * time.Second
 
 // Locker is a certmagic.Locker (and TryLocker, LockLeaseRenewer) on a
@@ -48,8 +54,17 @@ type Locker struct {
 	c    *dlock.Client
 	opts []dlock.Option
 
-	mu   sync.Mutex
-	held map[string]*dlock.Lease // by certmagic lock name
+	mu    sync.Mutex
+	names map[string]*hold // by certmagic lock name, while held or waited for
+}
+
+// hold is this instance's side of one lock name: certmagic holds the name
+// from a Lock to its Unlock, whatever becomes of the lease meanwhile, so
+// the name is taken in the process (turn) as well as on the server.
+type hold struct {
+	turn  chan struct{} // buffer one: full while a goroutine holds the name
+	lease *dlock.Lease  // while held: the current lease; guarded by Locker.mu
+	refs  int           // goroutines holding or waiting for the name
 }
 
 var (
@@ -61,7 +76,7 @@ var (
 // New returns a Locker taking locks on c, with opts applied to every
 // acquisition.
 func New(c *dlock.Client, opts ...dlock.Option) *Locker {
-	return &Locker{c: c, opts: opts, held: make(map[string]*dlock.Lease)}
+	return &Locker{c: c, opts: opts, names: make(map[string]*hold)}
 }
 
 // Lock takes the lock name, waiting (per the Client's wait strategy) while
@@ -69,74 +84,169 @@ func New(c *dlock.Client, opts ...dlock.Option) *Locker {
 // returns nil once held, or the Client's error (matching
 // dlock.ErrNotAcquired and ctx's error when ctx ended the wait).
 func (l *Locker) Lock(ctx context.Context, name string) error {
-	lease, err := l.c.Acquire(ctx, KeyPrefix+name, l.opts...)
-	if err != nil {
+	if err := l.check("lock", name); err != nil {
 		return err
 	}
-	l.keep(name, lease)
+	h := l.ref(name)
+	select {
+	case h.turn <- struct{}{}:
+	case <-ctx.Done():
+		l.unref(name, h)
+		return fmt.Errorf("certmagiclock: lock %q: %w: %w", name, dlock.ErrNotAcquired, ctx.Err())
+	}
+	lease, err := l.c.Acquire(ctx, KeyPrefix+name, l.opts...)
+	if err != nil {
+		<-h.turn
+		l.unref(name, h)
+		return err
+	}
+	l.mu.Lock()
+	h.lease = lease
+	l.mu.Unlock()
 	return nil
 }
 
 // TryLock makes one attempt to take the lock name: true when taken, false
 // (and a nil error) when someone else holds it.
 func (l *Locker) TryLock(ctx context.Context, name string) (bool, error) {
-	lease, err := l.c.TryAcquire(ctx, KeyPrefix+name, l.opts...)
-	if errors.Is(err, dlock.ErrNotAcquired) && ctx.Err() == nil {
-		return false, nil
-	}
-	if err != nil {
+	if err := l.check("lock", name); err != nil {
 		return false, err
 	}
-	l.keep(name, lease)
+	h := l.ref(name)
+	select {
+	case h.turn <- struct{}{}:
+	default:
+		l.unref(name, h)
+		return false, nil // another goroutine of this instance holds it
+	}
+	lease, err := l.c.TryAcquire(ctx, KeyPrefix+name, l.opts...)
+	if err != nil {
+		<-h.turn
+		l.unref(name, h)
+		if errors.Is(err, dlock.ErrNotAcquired) && ctx.Err() == nil {
+			return false, nil
+		}
+		return false, err
+	}
+	l.mu.Lock()
+	h.lease = lease
+	l.mu.Unlock()
 	return true, nil
 }
 
-func (l *Locker) keep(name string, lease *dlock.Lease) {
+// check returns an error when l has no Client (a nil Locker, or New(nil)).
+func (l *Locker) check(op, name string) error {
+	if l == nil || l.c == nil {
+		return fmt.Errorf("certmagiclock: %s %q: %w: no dlock Client (a nil Locker, or New(nil))", op, name, dlock.ErrInvalidOption)
+	}
+	return nil
+}
+
+// ref returns name's hold, counting the caller in.
+func (l *Locker) ref(name string) *hold {
 	l.mu.Lock()
-	l.held[name] = lease
-	l.mu.Unlock()
+	defer l.mu.Unlock()
+	h := l.names[name]
+	if h == nil {
+		h = &hold{turn: make(chan struct{}, 1)}
+		l.names[name] = h
+	}
+	h.refs++
+	return h
+}
+
+// unref counts the caller out of name's hold h, forgetting it after the
+// last.
+func (l *Locker) unref(name string, h *hold) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if h.refs--; h.refs == 0 {
+		delete(l.names, name)
+	}
+}
+
+// held returns name's hold and lease while this instance holds it.
+func (l *Locker) held(name string) (*hold, *dlock.Lease) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if h := l.names[name]; h != nil && h.lease != nil {
+		return h, h.lease
+	}
+	return nil, nil
 }
 
 // Unlock releases the lock name. It returns an error matching
 // dlock.ErrNotHeld when this instance does not hold it, and one matching
 // dlock.ErrLost when the lease was lost while held (another instance may
-// have taken the lock meanwhile). A done ctx is replaced by a fresh one
-// bounded by 5s.
+// have taken the lock meanwhile). The release is bounded by 5s as well as
+// by ctx's deadline; without one, or when ctx has ended, it runs without
+// ctx's cancellation (certmagic unlocks with a context that never ends).
 func (l *Locker) Unlock(ctx context.Context, name string) error {
+	if err := l.check("unlock", name); err != nil {
+		return err
+	}
 	l.mu.Lock()
-	lease := l.held[name]
-	delete(l.held, name)
+	h := l.names[name]
+	var lease *dlock.Lease
+	if h != nil {
+		lease, h.lease = h.lease, nil
+	}
 	l.mu.Unlock()
 	if lease == nil {
 		return fmt.Errorf("certmagiclock: unlock %q: %w", name, dlock.ErrNotHeld)
 	}
-	if ctx.Err() != nil {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-		defer cancel()
-	}
-	return lease.Release(ctx)
+	rctx, cancel := release.Context(ctx, releaseTimeout)
+	defer cancel()
+	err := lease.Release(rctx)
+	<-h.turn
+	l.unref(name, h)
+	return err
 }
 
-// RenewLockLease extends the lock name to at least d from now (never
-// shortening it). It returns an error matching dlock.ErrNotHeld when this
-// instance does not hold it.
+// RenewLockLease reports whether this instance still holds the lock name
+// on the server: it renews the lease (to the Client's TTL: the watchdog
+// keeps it while the process lives, and a longer one would keep the name
+// from other instances long after a crash) and, when the lease was lost,
+// takes the lock again if it is free. It returns an error matching
+// dlock.ErrNotHeld when this instance does not hold the name, and the
+// loss or the attempt's error when the lock could not be kept; certmagic
+// checks its storage again after a successful renewal. d is not used.
 func (l *Locker) RenewLockLease(ctx context.Context, name string, d time.Duration) error {
-	l.mu.Lock()
-	lease := l.held[name]
-	l.mu.Unlock()
+	if err := l.check("renew", name); err != nil {
+		return err
+	}
+	h, lease := l.held(name)
 	if lease == nil {
 		return fmt.Errorf("certmagiclock: renew %q: %w", name, dlock.ErrNotHeld)
 	}
-	return lease.Refresh(ctx, max(d, lease.TTL()))
+	err := lease.Refresh(ctx, 0)
+	if err == nil || !errors.Is(lease.Err(), dlock.ErrLost) {
+		return err
+	}
+	again, aerr := l.c.TryAcquire(ctx, KeyPrefix+name, l.opts...)
+	if aerr != nil {
+		return fmt.Errorf("certmagiclock: renew %q: %w (and taking it again: %w)", name, err, aerr)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if h.lease != lease {
+		// Unlocked meanwhile: not ours to keep.
+		rctx, cancel := release.Context(ctx, releaseTimeout)
+		defer cancel()
+		_ = again.Release(rctx)
+		return fmt.Errorf("certmagiclock: renew %q: %w", name, dlock.ErrNotHeld)
+	}
+	h.lease = again
+	return nil
 }
 
 // Fence returns the fencing token of the lock this instance holds on
 // name, or 0 when it holds none.
 func (l *Locker) Fence(name string) uint64 {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if lease := l.held[name]; lease != nil && lease.Err() == nil {
+	if l == nil {
+		return 0
+	}
+	if _, lease := l.held(name); lease != nil && lease.Err() == nil {
 		return lease.Fence()
 	}
 	return 0

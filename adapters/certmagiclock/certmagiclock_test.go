@@ -20,6 +20,8 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/adapters/certmagiclock"
+	"github.com/dlock-go/dlock/internal/locktest"
+	"github.com/dlock-go/dlock/internal/locktest/adaptertest"
 )
 
 // issuer is a certmagic.Issuer that signs with a throwaway CA, lasts until
@@ -204,5 +206,138 @@ func TestLockerCalls(t *testing.T) {
 			}
 			b.Unlock(ctx, name)
 		})
+	}
+}
+
+// TestRenewLockLease: certmagic's renewal keeps the Client's TTL (it asks
+// for its retry horizon, hours to days); a lost lease is taken again when
+// the lock is free, and reported when another instance holds it, whose
+// lock Unlock then leaves alone.
+func TestRenewLockLease(t *testing.T) {
+	onBackends(t, func(t *testing.T, be adaptertest.Backend, ctx context.Context, admin dlock.Backend) {
+		a := certmagiclock.New(newClient(t, be.New, dlock.WithTTL(2*time.Second)))
+		b := certmagiclock.New(newClient(t, be.New, dlock.WithTTL(2*time.Second)))
+		name := "issue_cert_" + rand.Text()[:8]
+		key := certmagiclock.KeyPrefix + name
+		if ok, err := a.TryLock(ctx, name); !ok || err != nil {
+			t.Fatalf("TryLock: got %v, %v; want true", ok, err)
+		}
+		if err := a.RenewLockLease(ctx, name, 6*time.Hour); err != nil {
+			t.Fatalf("RenewLockLease: %v", err)
+		}
+		if info := inspect(t, ctx, admin, key); !info.Held || info.TTL > 2*time.Second {
+			t.Fatalf("after a renewal asking for 6h: %+v, want held with at most the Client's TTL (2s)", info)
+		}
+		first := a.Fence(name)
+		forceRelease(t, ctx, admin, key)
+		if err := a.RenewLockLease(ctx, name, time.Minute); err != nil {
+			t.Fatalf("RenewLockLease of a lost lease, the lock free: %v", err)
+		}
+		if f := a.Fence(name); f <= first {
+			t.Fatalf("fence after taking it again: %d, want above %d", f, first)
+		}
+		if ok, err := b.TryLock(ctx, name); ok || err != nil {
+			t.Fatalf("TryLock by another instance: got %v, %v; want false, nil", ok, err)
+		}
+		forceRelease(t, ctx, admin, key)
+		if ok, err := b.TryLock(ctx, name); !ok || err != nil {
+			t.Fatalf("TryLock by another instance after the loss: got %v, %v; want true", ok, err)
+		}
+		if err := a.RenewLockLease(ctx, name, time.Minute); err == nil {
+			t.Fatal("RenewLockLease of a lease lost to another instance: got nil, want an error")
+		}
+		if err := a.Unlock(ctx, name); !errors.Is(err, dlock.ErrLost) {
+			t.Fatalf("Unlock of the lost lease: got %v, want ErrLost", err)
+		}
+		if info := inspect(t, ctx, admin, key); !info.Held || info.Fence != b.Fence(name) {
+			t.Fatalf("the other instance's lock after the loser's Unlock: %+v, want held with fence %d", info, b.Fence(name))
+		}
+		if err := b.Unlock(ctx, name); err != nil {
+			t.Fatalf("Unlock: %v", err)
+		}
+	})
+}
+
+// TestOneHolderPerNameInProcess: a name certmagic holds in this instance
+// is not taken by another goroutine of it, even when the lease was lost
+// (the server's lock free): certmagic holds a name from Lock to Unlock.
+func TestOneHolderPerNameInProcess(t *testing.T) {
+	onBackends(t, func(t *testing.T, be adaptertest.Backend, ctx context.Context, admin dlock.Backend) {
+		l := certmagiclock.New(newClient(t, be.New, dlock.WithTTL(2*time.Second)))
+		name := "issue_cert_" + rand.Text()[:8]
+		if err := l.Lock(ctx, name); err != nil {
+			t.Fatal(err)
+		}
+		forceRelease(t, ctx, admin, certmagiclock.KeyPrefix+name)
+		if ok, err := l.TryLock(ctx, name); ok || err != nil {
+			t.Fatalf("TryLock by another goroutine: got %v, %v; want false, nil", ok, err)
+		}
+		short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		defer cancel()
+		if err := l.Lock(short, name); !errors.Is(err, dlock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Lock by another goroutine: got %v, want ErrNotAcquired and DeadlineExceeded", err)
+		}
+		got := make(chan error, 1)
+		go func() { got <- l.Lock(ctx, name) }()
+		if err := l.Unlock(ctx, name); err == nil {
+			t.Fatal("Unlock of a lease that was lost: got nil, want an error")
+		}
+		if err := <-got; err != nil {
+			t.Fatalf("Lock after the Unlock: %v", err)
+		}
+		if err := l.Unlock(ctx, name); err != nil {
+			t.Fatalf("Unlock: %v", err)
+		}
+	})
+}
+
+// TestNilLocker: a Locker without a Client returns errors, never panics.
+func TestNilLocker(t *testing.T) {
+	ctx := context.Background()
+	for _, l := range []*certmagiclock.Locker{nil, certmagiclock.New(nil)} {
+		s := certmagiclock.Wrap(nil, l)
+		if err := s.Lock(ctx, "n"); !errors.Is(err, dlock.ErrInvalidOption) {
+			t.Fatalf("Lock: got %v, want ErrInvalidOption", err)
+		}
+		if _, err := s.TryLock(ctx, "n"); !errors.Is(err, dlock.ErrInvalidOption) {
+			t.Fatalf("TryLock: got %v, want ErrInvalidOption", err)
+		}
+		if err := s.Unlock(ctx, "n"); !errors.Is(err, dlock.ErrInvalidOption) {
+			t.Fatalf("Unlock: got %v, want ErrInvalidOption", err)
+		}
+		if err := s.RenewLockLease(ctx, "n", time.Minute); !errors.Is(err, dlock.ErrInvalidOption) {
+			t.Fatalf("RenewLockLease: got %v, want ErrInvalidOption", err)
+		}
+		if f := l.Fence("n"); f != 0 {
+			t.Fatalf("Fence: %d, want 0", f)
+		}
+	}
+}
+
+// onBackends runs test on every backend, with a context and a backend on
+// the same server for the test's own looks.
+func onBackends(t *testing.T, test func(t *testing.T, be adaptertest.Backend, ctx context.Context, admin dlock.Backend)) {
+	for _, be := range backends {
+		t.Run(be.Name, func(t *testing.T) {
+			admin := be.New(t)
+			t.Cleanup(func() { admin.Close() })
+			test(t, be, locktest.Ctx(t, 30*time.Second), admin)
+		})
+	}
+}
+
+func inspect(t *testing.T, ctx context.Context, b dlock.Backend, key string) dlock.Info {
+	t.Helper()
+	info, err := b.(dlock.Inspector).Inspect(ctx, key)
+	if err != nil {
+		t.Fatalf("Inspect: %v", err)
+	}
+	return info
+}
+
+func forceRelease(t *testing.T, ctx context.Context, b dlock.Backend, key string) {
+	t.Helper()
+	if _, err := b.(dlock.ForceReleaser).ForceRelease(ctx, key); err != nil {
+		t.Fatalf("ForceRelease: %v", err)
 	}
 }

@@ -19,6 +19,21 @@
 // passed that tick, whatever the job's duration. Locks are taken with
 // TryAcquire: an instance never waits for another's run.
 //
+// # Job names
+//
+// The lock of a job is KeyPrefix + its gocron name, the same on every
+// instance, and gocron's default name is the Go function's name
+// ("main.main.func1"). Name every job (gocron.WithName) so that the name
+// is unique across all applications whose schedulers share the backend:
+// two jobs with one name exclude each other, and one of them skips its
+// runs.
+//
+// # A run that outlives its lock
+//
+// gocron discards the error of Unlock, which reports a lease lost while
+// the job ran (the job outlived its lock, and another instance may have
+// run the same tick). Pass dlock.WithOnLost to NewLocker to hear of it.
+//
 // # Fences
 //
 // gocron does not pass the Lock to the job. The Lock's Fence and the
@@ -37,13 +52,14 @@ import (
 	"github.com/go-co-op/gocron/v2"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/release"
 )
 
 // KeyPrefix starts the dlock key of every job lock ("gocron:" + job name).
 const KeyPrefix = "gocron:"
 
-// releaseTimeout bounds an Unlock or Resign whose context is already done
-// (gocron unlocks with the job's context, cancelled at shutdown).
+// releaseTimeout bounds an Unlock or Resign (gocron unlocks with the job's
+// context, cancelled at shutdown).
 const releaseTimeout = 5 * time.Second
 
 // Locker is a gocron.Locker on a dlock Client. Create it with NewLocker.
@@ -76,10 +92,11 @@ func (l *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 type Lock struct{ lease *dlock.Lease }
 
 // Unlock releases the lock (with a minimum hold, the server keeps it until
-// the hold has passed). A done ctx is replaced by a fresh one bounded by
-// 5s, so a run that ends at shutdown still gives its lock back.
+// the hold has passed). The release is bounded by 5s as well as by ctx's
+// deadline; without one, or when ctx has ended, it runs without ctx's
+// cancellation, so a run that ends at shutdown still gives its lock back.
 func (l *Lock) Unlock(ctx context.Context) error {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	rctx, cancel := release.Context(ctx, releaseTimeout)
 	defer cancel()
 	err := l.lease.Release(rctx)
 	if errors.Is(err, dlock.ErrLost) {
@@ -154,8 +171,8 @@ func (e *Elector) Fence() uint64 {
 }
 
 // Resign gives up the leadership if this instance holds it; another
-// instance can take it at its next IsLeader. A done ctx is replaced by a
-// fresh one bounded by 5s.
+// instance can take it at its next IsLeader. The release is bounded as
+// Lock.Unlock's.
 func (e *Elector) Resign(ctx context.Context) error {
 	e.mu.Lock()
 	lease := e.lease
@@ -164,7 +181,7 @@ func (e *Elector) Resign(ctx context.Context) error {
 	if lease == nil {
 		return nil
 	}
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	rctx, cancel := release.Context(ctx, releaseTimeout)
 	defer cancel()
 	if err := lease.Release(rctx); err != nil && !errors.Is(err, dlock.ErrLost) && !errors.Is(err, dlock.ErrReleased) {
 		return err

@@ -31,9 +31,10 @@ import (
 	"github.com/pressly/goose/v3/lock"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/release"
 )
 
-// releaseTimeout bounds an Unlock whose context is already done.
+// releaseTimeout bounds an Unlock (see Locker.Unlock).
 const releaseTimeout = 5 * time.Second
 
 // Locker is a goose lock.Locker on a dlock Client. Create it with New;
@@ -74,7 +75,9 @@ func (l *Locker) Lock(ctx context.Context, _ *sql.DB) error {
 // Unlock releases the lock. It returns an error matching dlock.ErrNotHeld
 // when the Locker does not hold it, and one matching dlock.ErrLost when
 // the lease was lost while migrations ran (another migrator may have
-// started meanwhile). A done ctx is replaced by a fresh one bounded by 5s.
+// started meanwhile). The release is bounded by 5s as well as by ctx's
+// deadline; without one, or when ctx has ended, it runs without ctx's
+// cancellation (goose unlocks with a context that never ends).
 func (l *Locker) Unlock(ctx context.Context, _ *sql.DB) error {
 	l.mu.Lock()
 	lease := l.lease
@@ -83,12 +86,9 @@ func (l *Locker) Unlock(ctx context.Context, _ *sql.DB) error {
 	if lease == nil {
 		return fmt.Errorf("gooselock: unlock %q: %w", l.key, dlock.ErrNotHeld)
 	}
-	if ctx.Err() != nil {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-		defer cancel()
-	}
-	return lease.Release(ctx)
+	rctx, cancel := release.Context(ctx, releaseTimeout)
+	defer cancel()
+	return lease.Release(rctx)
 }
 
 // Fence returns the fencing token of the lock while this Locker holds it,
