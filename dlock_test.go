@@ -3,6 +3,7 @@ package dlock_test
 import (
 	"context"
 	"errors"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -35,6 +36,10 @@ func TestStrategies(t *testing.T) {
 		{"ExponentialCapped", dlock.Exponential(time.Millisecond, 20*time.Millisecond), 40, 20 * time.Millisecond, true},
 		{"LimitWithin", dlock.Limit(3, dlock.Constant(time.Millisecond)), 2, time.Millisecond, true},
 		{"LimitExhausted", dlock.Limit(3, dlock.Constant(time.Millisecond)), 3, 0, false},
+		// No cap: the doubling stops at the maximum instead of overflowing.
+		{"ExponentialUncapped35", dlock.Exponential(time.Second, math.MaxInt64), 35, math.MaxInt64, true},
+		{"ExponentialUncapped64", dlock.Exponential(time.Second, math.MaxInt64), 64, math.MaxInt64, true},
+		{"ExponentialUncapped1000", dlock.Exponential(time.Second, math.MaxInt64), 1000, math.MaxInt64, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for i := 0; i < 200; i++ {
@@ -47,6 +52,51 @@ func TestStrategies(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestWaitStrategyErrors: an invalid strategy is refused with an error
+// that names the rule it breaks.
+func TestWaitStrategyErrors(t *testing.T) {
+	for _, tc := range []struct {
+		s    dlock.WaitStrategy
+		want string
+	}{
+		{nil, "nil strategy"},
+		{dlock.Constant(0), "Constant(0s): the delay must be positive"},
+		{dlock.Exponential(0, time.Second), "Exponential(0s, 1s): the base must be positive"},
+		{dlock.Exponential(10*time.Millisecond, time.Microsecond), "Exponential(10ms, 1µs): the maximum must be at least the base"},
+		{dlock.Limit(0, dlock.NoWait()), "Limit(0, …): at least 1 attempt"},
+		{dlock.Limit(2, dlock.Constant(-time.Second)), "Limit(2, …): Constant(-1s): the delay must be positive"},
+	} {
+		c := dlock.New(memlock.New(), dlock.WithWait(tc.s))
+		err := c.Err()
+		if !errors.Is(err, dlock.ErrInvalidOption) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("WithWait: got %v, want ErrInvalidOption saying %q", err, tc.want)
+		}
+		c.Close()
+	}
+}
+
+// TestFIFOPatienceOverflow: a FIFO wait whose strategy's delays add up to
+// more than a Duration holds waits until the context ends, as a strategy
+// that waits forever, instead of giving up at once.
+func TestFIFOPatienceOverflow(t *testing.T) {
+	ctx := context.Background()
+	b := memlock.New()
+	holder := dlock.New(b)
+	defer holder.Close()
+	l, err := holder.Acquire(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(ctx)
+	c := dlock.New(b, dlock.WithWait(dlock.Limit(3, dlock.Constant(math.MaxInt64))))
+	defer c.Close()
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if _, err := c.Acquire(short, "k", dlock.WithFIFO()); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("FIFO wait with Limit(3, Constant(MaxInt64)): got %v, want the context's deadline", err)
 	}
 }
 

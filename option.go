@@ -96,8 +96,8 @@ func WithTTL(ttl time.Duration) Option {
 // A nil or invalid strategy is an ErrInvalidOption error.
 func WithWait(s WaitStrategy) Option {
 	return func(c *config) error {
-		if !validStrategy(s) {
-			return fmt.Errorf("%w: invalid wait strategy %#v", ErrInvalidOption, s)
+		if err := checkStrategy(s); err != nil {
+			return fmt.Errorf("%w: wait strategy: %w", ErrInvalidOption, err)
 		}
 		c.wait = s
 		return nil

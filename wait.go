@@ -1,6 +1,9 @@
 package dlock
 
 import (
+	"errors"
+	"fmt"
+	"math"
 	"math/rand/v2"
 	"time"
 )
@@ -38,12 +41,18 @@ type constant struct{ d time.Duration }
 
 func (c constant) Delay(int) (time.Duration, bool) { return c.d, true }
 
-func (c constant) validate() bool { return c.d > 0 }
+func (c constant) validate() error {
+	if c.d <= 0 {
+		return fmt.Errorf("Constant(%v): the delay must be positive", c.d)
+	}
+	return nil
+}
 
 // Exponential waits a random time in [0, min(max, base·2^(attempt-1))]
 // ("full jitter") between attempts, forever (until the caller's context
-// ends). It needs 0 < base ≤ max; other values are reported by New as
-// ErrInvalidOption. The default strategy is Exponential(10ms, 1s).
+// ends). It needs 0 < base ≤ max (max may be math.MaxInt64: no cap);
+// other values are reported by New as ErrInvalidOption. The default
+// strategy is Exponential(10ms, 1s).
 func Exponential(base, max time.Duration) WaitStrategy { return exponential{base, max} }
 
 type exponential struct{ base, max time.Duration }
@@ -55,12 +64,23 @@ func (e exponential) Delay(attempt int) (time.Duration, bool) {
 func (e exponential) ceiling(attempt int) time.Duration {
 	d := e.base
 	for i := 1; i < attempt && d < e.max; i++ {
+		if d > e.max/2 {
+			return e.max // doubling would pass max (or overflow)
+		}
 		d *= 2
 	}
 	return min(d, e.max)
 }
 
-func (e exponential) validate() bool { return e.base > 0 && e.max >= e.base }
+func (e exponential) validate() error {
+	switch {
+	case e.base <= 0:
+		return fmt.Errorf("Exponential(%v, %v): the base must be positive", e.base, e.max)
+	case e.max < e.base:
+		return fmt.Errorf("Exponential(%v, %v): the maximum must be at least the base", e.base, e.max)
+	}
+	return nil
+}
 
 // jitter returns a uniformly random duration in [1ns, d] (d when d ≤ 1).
 func jitter(d time.Duration) time.Duration {
@@ -87,18 +107,26 @@ func (l limit) Delay(attempt int) (time.Duration, bool) {
 	return l.s.Delay(attempt)
 }
 
-func (l limit) validate() bool { return l.n >= 1 && validStrategy(l.s) }
-
-// validStrategy reports whether s can be used. Strategies from outside the
-// package are trusted to be valid.
-func validStrategy(s WaitStrategy) bool {
-	if s == nil {
-		return false
+func (l limit) validate() error {
+	if l.n < 1 {
+		return fmt.Errorf("Limit(%d, …): at least 1 attempt", l.n)
 	}
-	if v, ok := s.(interface{ validate() bool }); ok {
+	if err := checkStrategy(l.s); err != nil {
+		return fmt.Errorf("Limit(%d, …): %w", l.n, err)
+	}
+	return nil
+}
+
+// checkStrategy returns an error naming what makes s unusable, or nil.
+// Strategies from outside the package are trusted to be valid.
+func checkStrategy(s WaitStrategy) error {
+	if s == nil {
+		return errors.New("nil strategy")
+	}
+	if v, ok := s.(interface{ validate() error }); ok {
 		return v.validate()
 	}
-	return true
+	return nil
 }
 
 // patience is the most a strategy will wait in total, used as the bound
@@ -120,7 +148,10 @@ func patience(s WaitStrategy) (total time.Duration, ok bool) {
 			if !more {
 				break
 			}
-			total += d
+			if total > math.MaxInt64-max(d, 0) {
+				return 0, false // longer than a Duration holds: forever
+			}
+			total += max(d, 0)
 		}
 		return total, true
 	}
@@ -129,7 +160,10 @@ func patience(s WaitStrategy) (total time.Duration, ok bool) {
 		if !more {
 			return total, true
 		}
-		total += d
+		if total > math.MaxInt64-max(d, 0) {
+			return 0, false
+		}
+		total += max(d, 0)
 	}
 	return 0, false
 }
