@@ -3,6 +3,7 @@ package dlock_test
 import (
 	"context"
 	"errors"
+	"math"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -50,6 +51,28 @@ func TestMinHold(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestMinHoldHuge: a minimum hold as long as a Duration holds keeps the
+// lock after Release (its extension's TTL saturates; it overflowed to the
+// 1ms floor, freeing the lock at once while Release returned nil).
+func TestMinHoldHuge(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memlock.NewStore()
+		c := dlock.New(store.Backend(), dlock.WithMinHold(math.MaxInt64))
+		defer c.Close()
+		other := dlock.New(store.Backend())
+		defer other.Close()
+		ctx := context.Background()
+		l := locktest.MustAcquire(t, ctx, c, "job")
+		if err := l.Release(ctx); err != nil {
+			t.Fatalf("Release within the minimum hold: %v", err)
+		}
+		time.Sleep(time.Hour)
+		if _, err := other.TryAcquire(ctx, "job"); !errors.Is(err, dlock.ErrNotAcquired) {
+			t.Fatalf("an hour into an endless minimum hold: got %v, want ErrNotAcquired", err)
+		}
+	})
 }
 
 // flakyRefresh is a Backend whose next fail Refresh calls fail with a

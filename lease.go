@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"time"
 )
@@ -344,7 +345,11 @@ func (l *Lease) holdUntil(ctx context.Context, r *Request, until time.Time) erro
 	defer cancel()
 	for {
 		left := time.Until(until)
-		r.TTL = max(left+drift(left), MinTTL)
+		ttl := left + drift(left)
+		if ttl < left {
+			ttl = math.MaxInt64 // saturate: an endless hold
+		}
+		r.TTL = max(ttl, MinTTL)
 		if l.c.floor != nil {
 			r.TTL = max(r.TTL, l.c.floor.MinTTL())
 		}
