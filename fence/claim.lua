@@ -6,10 +6,11 @@
 -- highest token accepted (no e: epoch 0), o = its owner.
 -- ARGV = fence, owner, epoch.
 -- Accept as order.lua's accepts says. Returns {1, value or ""} when
--- accepted, and {0, highest fence, its epoch} when rejected.
+-- accepted, and {0, highest fence, its epoch} (decimal strings) when
+-- rejected.
 local cur = redis.call('HMGET', KEYS[1], 'v', 'f', 'o', 'e')
 if not accepts(ARGV[1], ARGV[2], ARGV[3], cur[2], cur[3], cur[4]) then
-  return {0, tostring(cur[2]), tostring(cur[4] or '0')}
+  return {0, cur[2] or '0', cur[4] or '0'}
 end
 redis.call('HSET', KEYS[1], 'f', ARGV[1], 'o', ARGV[2], 'e', ARGV[3])
 return {1, cur[1] or ''}

@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"reflect"
 	"strconv"
 
 	"github.com/redis/go-redis/v9"
@@ -51,21 +52,55 @@ func (r *Redis) Set(ctx context.Context, key, value string, fence uint64, owner 
 
 // SetToken writes value under key if tok by owner is accepted: newer than
 // the highest token stored, or equal to it from the same owner. Otherwise
-// it returns a *StaleError and writes nothing. Epochs and fences above
-// 2^53 are not supported (Lua numbers are doubles).
+// it returns a *StaleError and writes nothing. Epochs and fences compare
+// exactly over the whole uint64 range.
 func (r *Redis) SetToken(ctx context.Context, key, value string, tok Token, owner string) error {
+	if err := r.check("set", key); err != nil {
+		return err
+	}
 	res, err := setScript.Run(ctx, r.rdb, []string{key}, value, strconv.FormatUint(tok.Fence, 10), owner,
-		strconv.FormatUint(tok.Epoch, 10)).Int64Slice()
+		strconv.FormatUint(tok.Epoch, 10)).Slice()
 	if err != nil {
 		return fmt.Errorf("dlock: fence: set %q: %w", key, err)
 	}
 	if len(res) != 3 {
 		return fmt.Errorf("dlock: fence: set %q: unexpected reply %v", key, res)
 	}
-	if res[0] == 1 {
+	if ok, _ := res[0].(int64); ok == 1 {
 		return nil
 	}
-	return &StaleError{Resource: key, Fence: tok.Fence, Highest: uint64(res[1]), Epoch: tok.Epoch, HighestEpoch: uint64(res[2])}
+	return staleReply("set", key, tok, res[1], res[2])
+}
+
+// staleReply returns the *StaleError of a rejected tok, the highest
+// token's fence and epoch being the script's decimal strings hf and he.
+func staleReply(op, key string, tok Token, hf, he any) error {
+	hs, _ := hf.(string)
+	es, _ := he.(string)
+	highest, err1 := strconv.ParseUint(hs, 10, 64)
+	hepoch, err2 := strconv.ParseUint(es, 10, 64)
+	if err1 != nil || err2 != nil {
+		return fmt.Errorf("dlock: fence: %s %q: malformed highest token %v, %v", op, key, hf, he)
+	}
+	return &StaleError{Resource: key, Fence: tok.Fence, Highest: highest, Epoch: tok.Epoch, HighestEpoch: hepoch}
+}
+
+// isNil reports whether rdb is nil or a nil pointer.
+func isNil(rdb RedisClient) bool {
+	if rdb == nil {
+		return true
+	}
+	v := reflect.ValueOf(rdb)
+	return v.Kind() == reflect.Pointer && v.IsNil()
+}
+
+// check returns an error when r has no client (a nil Redis, or
+// NewRedis(nil)).
+func (r *Redis) check(op, key string) error {
+	if r == nil || isNil(r.rdb) {
+		return fmt.Errorf("dlock: fence: %s %q: no Redis client (a nil Redis, or NewRedis(nil))", op, key)
+	}
+	return nil
 }
 
 // Get returns the value and the fence of the highest accepted token under
@@ -78,6 +113,9 @@ func (r *Redis) Get(ctx context.Context, key string) (value string, fence uint64
 // GetToken returns the value and the highest accepted token under key; a
 // missing key returns "", the zero Token and no error.
 func (r *Redis) GetToken(ctx context.Context, key string) (string, Token, error) {
+	if err := r.check("get", key); err != nil {
+		return "", Token{}, err
+	}
 	vals, err := r.rdb.HMGet(ctx, key, "v", "f", "e").Result()
 	if errors.Is(err, redis.Nil) {
 		return "", Token{}, nil
@@ -117,6 +155,9 @@ func (r *Redis) Claim(ctx context.Context, key string, fence uint64, owner strin
 // records tok by owner as the highest accepted, if SetToken would accept
 // it; otherwise it returns a *StaleError and changes nothing.
 func (r *Redis) ClaimToken(ctx context.Context, key string, tok Token, owner string) (string, error) {
+	if err := r.check("claim", key); err != nil {
+		return "", err
+	}
 	res, err := claimScript.Run(ctx, r.rdb, []string{key}, strconv.FormatUint(tok.Fence, 10), owner,
 		strconv.FormatUint(tok.Epoch, 10)).Slice()
 	if err != nil {
@@ -132,9 +173,5 @@ func (r *Redis) ClaimToken(ctx context.Context, key string, tok Token, owner str
 	if len(res) != 3 {
 		return "", fmt.Errorf("dlock: fence: claim %q: unexpected reply %v", key, res)
 	}
-	hs, _ := res[1].(string)
-	es, _ := res[2].(string)
-	highest, _ := strconv.ParseUint(hs, 10, 64)
-	hepoch, _ := strconv.ParseUint(es, 10, 64)
-	return "", &StaleError{Resource: key, Fence: tok.Fence, Highest: highest, Epoch: tok.Epoch, HighestEpoch: hepoch}
+	return "", staleReply("claim", key, tok, res[1], res[2])
 }

@@ -141,3 +141,48 @@ func TestRedisEpochs(t *testing.T) {
 		t.Fatalf("GetToken: got %q, %v, %v; want \"new\", epoch 2 fence 1", v, tok, err)
 	}
 }
+
+// TestRedisLargeTokens: epochs and fences compare exactly over the whole
+// uint64 range (Lua numbers are doubles, exact only below 2^53: 2^53 and
+// 2^53 + 1 were equal).
+func TestRedisLargeTokens(t *testing.T) {
+	ctx := context.Background()
+	s, key := newStore(t)
+	const big = uint64(1) << 53
+	if err := s.SetToken(ctx, key, "new", fence.Token{Epoch: big + 1, Fence: 1}, "a"); err != nil {
+		t.Fatal(err)
+	}
+	err := s.SetToken(ctx, key, "old", fence.Token{Epoch: big, Fence: 99}, "b")
+	var se *fence.StaleError
+	if !errors.As(err, &se) || se.HighestEpoch != big+1 || se.Highest != 1 {
+		t.Fatalf("write of epoch 2^53 after epoch 2^53+1: got %v, want a StaleError with highest epoch %d fence 1", err, big+1)
+	}
+	const top = ^uint64(0)
+	if err := s.SetToken(ctx, key, "top", fence.Token{Epoch: big + 1, Fence: top}, "c"); err != nil {
+		t.Fatalf("fence 2^64-1: %v", err)
+	}
+	if _, err := s.ClaimToken(ctx, key, fence.Token{Epoch: big + 1, Fence: top - 1}, "d"); !errors.As(err, &se) || se.Highest != top {
+		t.Fatalf("claim with fence 2^64-2 after 2^64-1: got %v, want a StaleError with highest %d", err, top)
+	}
+	if v, tok, err := s.GetToken(ctx, key); err != nil || v != "top" || tok != (fence.Token{Epoch: big + 1, Fence: top}) {
+		t.Fatalf("GetToken: got %q, %v, %v", v, tok, err)
+	}
+}
+
+// TestRedisNilClient: a store without a client returns errors, never
+// panics.
+func TestRedisNilClient(t *testing.T) {
+	ctx := context.Background()
+	var nilClient *redis.Client
+	for _, s := range []*fence.Redis{nil, fence.NewRedis(nil), fence.NewRedis(nilClient)} {
+		if err := s.Set(ctx, "k", "v", 1, "a"); err == nil {
+			t.Fatal("Set: got nil, want an error")
+		}
+		if _, _, err := s.Get(ctx, "k"); err == nil {
+			t.Fatal("Get: got nil, want an error")
+		}
+		if _, err := s.Claim(ctx, "k", 1, "a"); err == nil {
+			t.Fatal("Claim: got nil, want an error")
+		}
+	}
+}
