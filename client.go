@@ -87,11 +87,30 @@ func New(b Backend, opts ...Option) *Client {
 	return c
 }
 
-// Err returns the configuration error recorded by New, or nil.
-func (c *Client) Err() error { return c.err }
+// Err returns the configuration error recorded by New, or nil; for a
+// nil Client or one not created with New, an ErrInvalidOption error.
+func (c *Client) Err() error { return c.usable() }
 
-// Backend returns the backend the Client was created with.
-func (c *Client) Backend() Backend { return c.b }
+// usable returns the error that makes c unusable: nil, not created with
+// New, or New's configuration error.
+func (c *Client) usable() error {
+	switch {
+	case c == nil:
+		return fmt.Errorf("%w: nil Client", ErrInvalidOption)
+	case c.closeCtx == nil:
+		return fmt.Errorf("%w: Client not created with New", ErrInvalidOption)
+	}
+	return c.err
+}
+
+// Backend returns the backend the Client was created with (nil for a nil
+// Client).
+func (c *Client) Backend() Backend {
+	if c == nil {
+		return nil
+	}
+	return c.b
+}
 
 // Acquire takes the lock key, waiting while another owner holds it as the
 // wait strategy (WithWait) allows. ctx bounds only the wait, not the
@@ -144,6 +163,9 @@ func (c *Client) Do(ctx context.Context, key string, fn func(ctx context.Context
 // ErrClosed. Close returns the errors of releases that failed for a reason
 // other than the lease being lost.
 func (c *Client) Close() error {
+	if c == nil || c.closeCtx == nil {
+		return c.usable()
+	}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -215,11 +237,8 @@ func (c *Client) acquire(ctx context.Context, key string, opts []Option, once bo
 
 // acquireKind takes a hold of kind k (permits for KindPermit) on key.
 func (c *Client) acquireKind(ctx context.Context, key string, k Kind, permits int, opts []Option, once bool) (*Lease, error) {
-	if c == nil {
-		return nil, fmt.Errorf("%w: nil Client", ErrInvalidOption)
-	}
-	if c.err != nil {
-		return nil, wrapOp("acquire", key, c.err)
+	if err := c.usable(); err != nil {
+		return nil, wrapOp("acquire", key, err)
 	}
 	if ctx == nil {
 		return nil, wrapOp("acquire", key, fmt.Errorf("%w: nil context", ErrInvalidOption))

@@ -474,3 +474,58 @@ func TestTTLLimiterDefault(t *testing.T) {
 		t.Fatalf("explicit TTL: got %v, want 2s", l2.TTL())
 	}
 }
+
+// TestZeroValues: a nil or zero Client, a nil Lease and an Election of
+// either return errors that say so (or, for Observe, a closed channel),
+// never panic.
+func TestZeroValues(t *testing.T) {
+	ctx := context.Background()
+	for name, c := range map[string]*dlock.Client{"nil": nil, "zero": new(dlock.Client)} {
+		t.Run(name, func(t *testing.T) {
+			if err := c.Err(); !errors.Is(err, dlock.ErrInvalidOption) {
+				t.Errorf("Err: got %v, want ErrInvalidOption", err)
+			}
+			if _, err := c.Acquire(ctx, "k"); !errors.Is(err, dlock.ErrInvalidOption) {
+				t.Errorf("Acquire: got %v, want ErrInvalidOption", err)
+			}
+			if _, err := c.AcquireMany(ctx, []string{"k"}); !errors.Is(err, dlock.ErrInvalidOption) {
+				t.Errorf("AcquireMany: got %v, want ErrInvalidOption", err)
+			}
+			if _, err := c.Semaphore("k", 2).Acquire(ctx); !errors.Is(err, dlock.ErrInvalidOption) {
+				t.Errorf("Semaphore.Acquire: got %v, want ErrInvalidOption", err)
+			}
+			e := c.Election("k")
+			if _, err := e.Campaign(ctx, "v"); !errors.Is(err, dlock.ErrInvalidOption) {
+				t.Errorf("Campaign: got %v, want ErrInvalidOption", err)
+			}
+			if _, ok := <-e.Observe(ctx); ok {
+				t.Error("Observe: got a leader, want the channel closed")
+			}
+			if err := c.Close(); !errors.Is(err, dlock.ErrInvalidOption) {
+				t.Errorf("Close: got %v, want ErrInvalidOption", err)
+			}
+		})
+	}
+	var l *dlock.Lease
+	if err := l.Release(ctx); !errors.Is(err, dlock.ErrInvalidOption) {
+		t.Errorf("Release of a nil Lease: got %v, want ErrInvalidOption", err)
+	}
+	if err := l.Refresh(ctx, 0); !errors.Is(err, dlock.ErrInvalidOption) {
+		t.Errorf("Refresh of a nil Lease: got %v, want ErrInvalidOption", err)
+	}
+}
+
+// TestObserveEndsAtClose: Observe's channel closes when the Client is
+// closed, not only when its context ends.
+func TestObserveEndsAtClose(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := dlock.New(memlock.New())
+		ch := c.Election("k").Observe(context.Background())
+		if l, ok := <-ch; !ok || l != (dlock.Leader{}) {
+			t.Fatalf("first observation: got %+v, %v; want no leader", l, ok)
+		}
+		c.Close()
+		for range ch {
+		}
+	})
+}

@@ -148,12 +148,18 @@ func (e *Election) Leader(ctx context.Context) (Leader, error) {
 
 // Observe returns a channel that receives the leader each time it
 // changes (a new term or a new value), starting with the current one, and
-// a zero Leader while the election has none. It is closed when ctx ends.
-// Changes are noticed by the backend's notifications (Notifier) and by
-// reading the leader every TTL/3 (at most every second); a reader that
-// falls behind sees only the latest leader.
+// a zero Leader while the election has none. It is closed when ctx ends,
+// when the Client is closed, and at once when the Client or its backend
+// cannot run elections (Leader returns the reason). Changes are noticed
+// by the backend's notifications (Notifier) and by reading the leader
+// every TTL/3 (at most every second); a reader that falls behind sees
+// only the latest leader.
 func (e *Election) Observe(ctx context.Context) <-chan Leader {
 	ch := make(chan Leader, 1)
+	if e == nil || e.c.checkElection() != nil || ctx == nil {
+		close(ch)
+		return ch
+	}
 	go e.observe(ctx, min(e.c.cfg.ttl/3, time.Second), ch)
 	return ch
 }
@@ -175,13 +181,15 @@ func (e *Election) observe(ctx context.Context, poll time.Duration, ch chan Lead
 		select {
 		case <-ctx.Done():
 			return
+		case <-e.c.closing:
+			return
 		case <-sub:
 		case <-t.C:
 		}
 		cur, err := e.Leader(ctx)
 		if err != nil && !errors.Is(err, ErrNoLeader) {
-			if ctx.Err() != nil {
-				return
+			if ctx.Err() != nil || errors.Is(err, ErrClosed) || errors.Is(err, ErrInvalidOption) || errors.Is(err, errors.ErrUnsupported) {
+				return // ended, or it never will answer
 			}
 			t.Reset(poll)
 			continue
@@ -201,11 +209,8 @@ func (e *Election) observe(ctx context.Context, poll time.Duration, ch chan Lead
 
 // checkElection reports whether the backend can run elections.
 func (c *Client) checkElection() error {
-	if c == nil {
-		return fmt.Errorf("%w: nil Client", ErrInvalidOption)
-	}
-	if c.err != nil {
-		return c.err
+	if err := c.usable(); err != nil {
+		return err
 	}
 	_, p := c.b.(Proclaimer)
 	_, i := c.b.(Inspector)

@@ -139,6 +139,9 @@ func (l *Lease) Context(parent context.Context) (context.Context, context.Cancel
 // then lost) if the server no longer holds it for this owner. On any other
 // error (the server did not answer) the lease is unchanged.
 func (l *Lease) Refresh(ctx context.Context, ttl time.Duration) error {
+	if l == nil {
+		return fmt.Errorf("%w: refresh of a nil Lease", ErrInvalidOption)
+	}
 	if ctx == nil {
 		return wrapOp("refresh", l.req.Key, fmt.Errorf("%w: nil context", ErrInvalidOption))
 	}
@@ -200,6 +203,9 @@ func (l *Lease) Refresh(ctx context.Context, ttl time.Duration) error {
 // lease still ends and the lock expires by itself by Expires; the lock of
 // a lost lease is given back in the background.
 func (l *Lease) Release(ctx context.Context) error {
+	if l == nil {
+		return fmt.Errorf("%w: release of a nil Lease", ErrInvalidOption)
+	}
 	if len(l.observers) == 0 || ctx == nil {
 		return l.release(ctx)
 	}

@@ -31,11 +31,8 @@ type MultiAcquirer interface {
 // a key given twice is an ErrInvalidKey error. See the package overview
 // for waits, FIFO and owners.
 func (c *Client) AcquireMany(ctx context.Context, keys []string, opts ...Option) ([]*Lease, error) {
-	if c == nil {
-		return nil, fmt.Errorf("%w: nil Client", ErrInvalidOption)
-	}
-	if c.err != nil {
-		return nil, wrapOp("acquire", fmt.Sprint(keys), c.err)
+	if err := c.usable(); err != nil {
+		return nil, wrapOp("acquire", fmt.Sprint(keys), err)
 	}
 	c.mu.Lock()
 	if c.closed {
