@@ -20,7 +20,7 @@ import (
 )
 
 // Store is an in-memory lock table shared by its Backends. The zero value
-// is not usable; call NewStore.
+// is an empty Store, as NewStore returns.
 type Store struct {
 	mu     sync.Mutex
 	locks  map[string]*entry
@@ -54,13 +54,22 @@ type waiter struct {
 
 // NewStore returns an empty Store.
 func NewStore() *Store {
-	return &Store{
-		locks:  make(map[string]*entry),
-		shared: make(map[string]*sharedState),
-		marks:  make(map[string]map[string]time.Time),
-		subs:   make(map[string]map[chan struct{}]struct{}),
-		queues: make(map[string][]*waiter),
+	s := &Store{}
+	s.init()
+	return s
+}
+
+// init makes s's tables, for a zero Store. s.mu must be held, or s not
+// yet shared.
+func (s *Store) init() {
+	if s.locks != nil {
+		return
 	}
+	s.locks = make(map[string]*entry)
+	s.shared = make(map[string]*sharedState)
+	s.marks = make(map[string]map[string]time.Time)
+	s.subs = make(map[string]map[chan struct{}]struct{})
+	s.queues = make(map[string][]*waiter)
 }
 
 // Pause makes the Store stop answering, like a frozen server: every call
@@ -86,7 +95,12 @@ func (s *Store) Resume() {
 }
 
 // Backend returns a new connection to the Store.
-func (s *Store) Backend() *Backend { return &Backend{s: s} }
+func (s *Store) Backend() *Backend {
+	s.mu.Lock()
+	s.init()
+	s.mu.Unlock()
+	return &Backend{s: s}
+}
 
 // Backend is a dlock.Backend on a Store. Create it with New or
 // Store.Backend. It implements dlock.Backend, dlock.BatchRefresher,

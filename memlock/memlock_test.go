@@ -84,3 +84,23 @@ func BenchmarkAcquireReleaseParallel(b *testing.B) {
 		}
 	})
 }
+
+// TestZeroStore: a zero Store is an empty one.
+func TestZeroStore(t *testing.T) {
+	var s memlock.Store
+	c := dlock.New(s.Backend())
+	defer c.Close()
+	ctx := context.Background()
+	l, err := c.Acquire(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := dlock.New(s.Backend())
+	defer other.Close()
+	if _, err := other.TryAcquire(ctx, "k"); !errors.Is(err, dlock.ErrNotAcquired) {
+		t.Fatalf("TryAcquire through another Backend of the store: got %v, want ErrNotAcquired", err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
