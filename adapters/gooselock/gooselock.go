@@ -14,6 +14,13 @@
 // the Client's watchdog while migrations run, and is freed by its TTL if
 // the migrating process dies.
 //
+// Lock waits while another migrator holds the lock, as the Client's wait
+// strategy allows: by default until goose's context ends, and goose's
+// Up usually runs with one that never does. To give up after a while,
+// as goose's own lockers do (after 5 minutes), pass
+// dlock.WithWait(dlock.Limit(...)) to New, or bound the context given to
+// goose.
+//
 // # Fences
 //
 // goose passes neither the lock nor its context to migrations. Fence
