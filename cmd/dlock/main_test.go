@@ -514,6 +514,18 @@ func TestRunEnvironment(t *testing.T) {
 	assertFree(t, key)
 }
 
+// TestRunShortWaitFreeLock: a --wait shorter than a round trip still
+// makes one attempt: a free lock is taken, not reported held.
+func TestRunShortWaitFreeLock(t *testing.T) {
+	t.Parallel()
+	key := keyFor(t)
+	for _, wait := range []string{"1ns", "100us"} {
+		r := dlockRun(t, "run", "--wait", wait, key, "--", "true")
+		assertCode(t, r, 0)
+		assertFree(t, key)
+	}
+}
+
 func TestRunConflict(t *testing.T) {
 	t.Parallel()
 	key := keyFor(t)

@@ -64,8 +64,10 @@ it releases the lock after COMMAND exited.
 SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 sent to dlock are forwarded to
 COMMAND's process group; the lock is released once COMMAND exits. A signal that arrives
 while dlock is still waiting for the lock ends the wait (exit 128+N). On Linux, if dlock
-itself is killed (SIGKILL, the OOM killer), COMMAND is killed too: nobody would renew
-the lease, and another host could soon run it alongside.
+itself is killed (SIGKILL, the OOM killer), COMMAND's process is killed too (SIGKILL):
+nobody would renew the lease, and another host could soon run it alongside. Processes
+that COMMAND starts are not killed with it: in a script, exec the program that does the
+work, so that it is COMMAND's process.
 
 Instead of the lock, run can hold (on backends that support it; others refuse with
 exit 2):
@@ -264,6 +266,14 @@ func acquire(ctx context.Context, g *globals, f *runFlags, spec *backendSpec, ke
 		}
 		h.lease, err = f.take(wctx, h.client, key, false, opts)
 		cancel()
+		if ae := (*dlock.AcquireError)(nil); errors.As(err, &ae) && errors.Is(ae.Cause, errWaitOver) && ae.Last != nil && ae.Attempts <= 1 {
+			// --wait ended during the first attempt (shorter than a round
+			// trip, or a slow server): nobody said the lock was held. Make
+			// that attempt, bounded by --timeout.
+			tctx, cancel := context.WithTimeoutCause(ctx, g.timeout, errOpTimeout)
+			h.lease, err = f.take(tctx, h.client, key, true, opts)
+			cancel()
+		}
 	}
 	if err == nil {
 		return h, nil

@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/signal"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -108,7 +110,9 @@ lost updates, linearizability (porcupine; HTML timelines in --out) and liveness.
 
 --backend with the host "local" (redis://local, redlock://local, etcd://local, zk://local,
 postgres://local, postgres://local?mode=session) starts throwaway servers; the restart,
-server-pause and proxy faults need that.
+server-pause and proxy faults need that. Without --backend or $DLOCK_BACKEND, verify
+runs on redis://local. SIGINT or SIGTERM stops the servers and workers it started and
+exits 130.
 
 Replicated deployments: redis+sentinel://local (a primary, two replicas, three sentinels;
 "?n=2" for one replica), redis+cluster://local (3 primaries × 1 replica), etcd://local?n=3 and
@@ -154,8 +158,14 @@ Exit status: 0 when every run passed, 1 when a run failed or was invalid, 2 on b
 			cfg.Exe = []string{exe, "verify-worker", "--timeout", g.timeout.String()}
 			stderr := cmd.ErrOrStderr()
 			cfg.Progress = func(msg string) { fmt.Fprintln(stderr, msg) }
-			rep, err := verify.Run(cmd.Context(), cfg, openURL(g.timeout))
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			rep, err := verify.Run(ctx, cfg, openURL(g.timeout))
 			if err != nil {
+				if ctx.Err() != nil && cmd.Context().Err() == nil {
+					// The servers and workers it started are stopped.
+					return exitWith(130, fmt.Errorf("verify: interrupted: %w", err))
+				}
 				return exitWith(exitUsage, err)
 			}
 			fmt.Fprint(cmd.OutOrStdout(), rep.Table())
