@@ -10,3 +10,11 @@ func Batched(b *Backend) (inflight, waiting int) {
 	defer b.batch.mu.Unlock()
 	return b.batch.inflight, len(b.batch.pending)
 }
+
+// WriterClaims reports, for tests, how many writers' claims b keeps a
+// record of (to withdraw them).
+func WriterClaims(b *Backend) int {
+	n := 0
+	b.writers.Range(func(any, any) bool { n++; return true })
+	return n
+}

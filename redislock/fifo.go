@@ -36,6 +36,7 @@ func (b *Backend) Wait(ctx context.Context, r dlock.Request) (dlock.Grant, error
 		cancel()
 	}
 	if err == nil {
+		b.grantedWriter(b.lockName(r.Key), r)
 		err = b.grantValue(ctx, r, g)
 	}
 	return g, err

@@ -202,6 +202,14 @@ func (b *Backend) claimWriter(ctx context.Context, r dlock.Request) {
 	}
 }
 
+// grantedWriter forgets the claim record of a writer r whose attempt on
+// lock was granted (the grant ends the claim on the server).
+func (b *Backend) grantedWriter(lock string, r dlock.Request) {
+	if r.Waiting {
+		b.writers.Delete(lock + "\x00" + r.Token)
+	}
+}
+
 // withdrawWriter takes back the claim of a writer that stopped waiting, and
 // wakes the readers it kept out. It returns an error matching
 // dlock.ErrNotHeld (the writer holds nothing), or the reason the call

@@ -3,6 +3,7 @@ package redislock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -441,6 +442,35 @@ func TestKindWriterClaim(t *testing.T) {
 		g, err := b.TryAcquire(ctx, r3)
 		return err == nil && g.OK
 	})
+}
+
+// TestKindWriterClaimForgotten: a writer granted after it claimed the key
+// (readers left) leaves no record of its claim behind in the Backend: one
+// per contended write would grow for the Backend's lifetime.
+func TestKindWriterClaimForgotten(t *testing.T) {
+	_, b, ctx := onSrv(t)
+	k := key(t)
+	for i := range 5 {
+		r := holding(t, b, kindReq(k, fmt.Sprint("r", i), dlock.KindRead, 0, time.Minute))
+		w := dlock.Request{Key: k, Token: fmt.Sprint("w", i), TTL: time.Minute, Waiting: true}
+		if g, err := b.TryAcquire(ctx, w); err != nil || g.OK {
+			t.Fatalf("writer behind a reader: got %+v, %v; want not granted", g, err)
+		}
+		if err := b.Release(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+		g, err := b.TryAcquire(ctx, w)
+		if err != nil || !g.OK {
+			t.Fatalf("writer after the reader left: got %+v, %v; want granted", g, err)
+		}
+		w.Fence = g.Fence
+		if err := b.Release(ctx, w); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := redislock.WriterClaims(b); n != 0 {
+		t.Fatalf("writers' claim records after every writer was granted: %d, want 0", n)
+	}
 }
 
 // TestKindBadInput: a read hold on a semaphore's key is refused with

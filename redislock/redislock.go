@@ -276,6 +276,7 @@ func (b *Backend) TryAcquireClock(ctx context.Context, r dlock.Request) (dlock.G
 		return dlock.Grant{}, 0, err
 	}
 	if g.OK {
+		b.grantedWriter(lock, r)
 		if r.Fence != 0 {
 			b.tombs.note(lock, g.Fence, now)
 		}
