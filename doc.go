@@ -104,9 +104,11 @@
 // fence is above every fence issued before it, readers' included. A
 // writer that waits keeps new readers out (Request.Waiting), so a stream
 // of readers cannot starve it; it withdraws the claim when it gives up.
-// Holders that disagree on N get ErrPermits; a key used as a lock and as
-// a semaphore at once gets ErrWrongType. Backends offer these kinds
-// through KindSupporter; the others answer errors.ErrUnsupported.
+// Holders that disagree on N get ErrPermits; a permit or read hold asked
+// of a key held otherwise gets ErrWrongType, and a lock asked of a key
+// whose permits are held gets ErrWrongType or waits for the permits to
+// go, as the backend documents. Backends offer these kinds through
+// KindSupporter; the others answer errors.ErrUnsupported.
 //
 // Client.Election elects one leader per key: Campaign waits for the
 // key's lock and stores the leader's value with it (Proclaimer), Leader
