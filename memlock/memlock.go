@@ -49,6 +49,7 @@ type sharedState struct {
 
 type waiter struct {
 	token string
+	kind  dlock.Kind
 	ready chan struct{} // closed when this waiter is at the head
 }
 
@@ -224,6 +225,22 @@ func (s *Store) claimed(key, token string, now time.Time) (until time.Time, ok b
 	return until, ok
 }
 
+// claimFirst reports whether the writer r goes before the key's queue: it
+// holds a live claim and only readers are queued, which its claim keeps
+// out anyway (else the queue's head and the writer would wait for each
+// other until the claim expired).
+func (s *Store) claimFirst(r dlock.Request, now time.Time) bool {
+	if t, ok := s.marks[r.Key][r.Token]; !ok || !now.Before(t) {
+		return false
+	}
+	for _, w := range s.queues[r.Key] {
+		if w.kind != dlock.KindRead {
+			return false
+		}
+	}
+	return true
+}
+
 func (s *Store) unclaim(key, token string) {
 	if m := s.marks[key]; m != nil {
 		delete(m, token)
@@ -312,7 +329,7 @@ func (s *Store) tryLocked(r dlock.Request, now time.Time, head bool) (dlock.Gran
 		}
 		return dlock.Grant{HolderTTL: last.Sub(now)}, nil
 	}
-	if !head && len(s.queues[r.Key]) > 0 {
+	if !head && len(s.queues[r.Key]) > 0 && !s.claimFirst(r, now) {
 		// Queued waiters go first; the holder's TTL is unknown (no holder).
 		return dlock.Grant{}, nil
 	}
@@ -486,7 +503,7 @@ func (b *Backend) Wait(ctx context.Context, r dlock.Request) (dlock.Grant, error
 		b.s.mu.Unlock()
 		return g, err
 	}
-	w := &waiter{token: r.Token, ready: make(chan struct{})}
+	w := &waiter{token: r.Token, kind: r.Kind, ready: make(chan struct{})}
 	b.s.queues[r.Key] = append(b.s.queues[r.Key], w)
 	b.s.mu.Unlock()
 

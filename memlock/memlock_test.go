@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"go.uber.org/goleak"
@@ -103,4 +104,72 @@ func TestZeroStore(t *testing.T) {
 	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestClaimingWriterBeforeQueuedReader: a writer that waits by retrying
+// (it claims the key from new readers) and a FIFO reader queued behind
+// its claim do not wait for each other when the last reader leaves: the
+// writer goes first (its claim kept the reader out), then the reader.
+// They used to wait until the claim expired, a TTL (30s here) later.
+func TestClaimingWriterBeforeQueuedReader(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		store := memlock.NewStore()
+		c := dlock.New(store.Backend(), dlock.WithTTL(30*time.Second))
+		defer c.Close()
+		r1, err := c.RWLock("k").RLock(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		type result struct {
+			l   *dlock.Lease
+			err error
+		}
+		wrote, read := make(chan result, 1), make(chan result, 1)
+		go func() {
+			l, err := c.RWLock("k").Lock(ctx)
+			wrote <- result{l, err}
+		}()
+		synctest.Wait() // the writer claimed the key and waits
+		go func() {
+			l, err := c.RWLock("k").RLock(ctx, dlock.WithFIFO())
+			read <- result{l, err}
+		}()
+		synctest.Wait() // the reader is queued behind the claim
+		if n := store.QueueLen("k"); n != 1 {
+			t.Fatalf("queue: %d waiters, want the reader", n)
+		}
+		released := time.Now()
+		if err := r1.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		var w result
+		select {
+		case w = <-wrote:
+		case <-time.After(10 * time.Second):
+			t.Fatal("writer not served 10s after the last reader left (its claim lasts 30s)")
+		}
+		if w.err != nil {
+			t.Fatal(w.err)
+		}
+		if d := time.Since(released); d >= time.Second {
+			t.Fatalf("writer served %v after the last reader left, want at once", d)
+		}
+		select {
+		case <-read:
+			t.Fatal("the queued reader entered while the writer holds the key")
+		default:
+		}
+		if err := w.l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		r2 := <-read
+		if r2.err != nil {
+			t.Fatal(r2.err)
+		}
+		if d := time.Since(released); d >= time.Second {
+			t.Fatalf("reader served %v after the writer left, want at once", d)
+		}
+		r2.l.Release(ctx)
+	})
 }
