@@ -296,10 +296,7 @@ func (b *Backend) recoverCreate(ctx context.Context, keyPath, guid string) (stri
 	deadline := time.Now().Add(b.SessionTimeout())
 	delay := 20 * time.Millisecond
 	for {
-		children, err := await(ctx, func() ([]string, error) {
-			c, _, err := b.conn.Children(keyPath)
-			return c, err
-		})
+		children, err := await(ctx, func() ([]string, error) { return b.syncedChildren(keyPath) })
 		switch {
 		case err == nil:
 			if name := findProtected(children, guid); name != "" {
@@ -318,6 +315,18 @@ func (b *Backend) recoverCreate(ctx context.Context, keyPath, guid string) (stri
 		}
 		delay = backoff(delay)
 	}
+}
+
+// syncedChildren lists keyPath's children after a Sync of it: a server the
+// session moved to after a lost create reply may lag behind the create
+// (the client never saw its zxid), and a listing before the Sync would
+// miss the node the create made.
+func (b *Backend) syncedChildren(keyPath string) ([]string, error) {
+	if _, err := b.conn.Sync(keyPath); err != nil {
+		return nil, err
+	}
+	c, _, err := b.conn.Children(keyPath)
+	return c, err
 }
 
 // ensureParents creates the root path (persistent znodes, once per

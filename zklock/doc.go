@@ -82,8 +82,10 @@
 // then), or at the first Refresh.
 //
 // Lost replies: if the connection drops after a create was sent, the node
-// may or may not exist. The acquisition lists the queue once reconnected
-// and adopts the node whose name carries its guid, instead of creating a
+// may or may not exist. The acquisition lists the queue once reconnected,
+// after a sync (the server the session moved to may lag behind the
+// create, whose zxid the client never saw), and adopts the node whose name
+// carries its guid, instead of creating a
 // second one and leaving the first in the queue for as long as the session
 // lives (which would block every later waiter). Any node an acquisition
 // cannot account for — a create or delete whose answer never came — is

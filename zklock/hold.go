@@ -391,10 +391,7 @@ func (b *Backend) reapCreate(pending <-chan result[created], keyPath, guid strin
 		case !find:
 			return true // the create failed: nothing was made
 		}
-		children, err := await(ctx, func() ([]string, error) {
-			c, _, err := b.conn.Children(keyPath)
-			return c, err
-		})
+		children, err := await(ctx, func() ([]string, error) { return b.syncedChildren(keyPath) })
 		switch {
 		case errors.Is(err, zk.ErrNoNode):
 			return true
