@@ -260,18 +260,18 @@ func acquire(ctx context.Context, g *globals, f *runFlags, spec *backendSpec, ke
 		h.lease, err = f.take(tctx, h.client, key, true, opts)
 		cancel()
 	} else {
-		wctx, cancel := ctx, context.CancelFunc(func() {})
-		if !f.wait.forever {
-			wctx, cancel = context.WithTimeoutCause(ctx, f.wait.d, errWaitOver)
-		}
-		h.lease, err = f.take(wctx, h.client, key, false, opts)
+		// One attempt bounded by --timeout first, so that a --wait shorter
+		// than a round trip (or a slow server) still takes a free lock;
+		// then the wait, bounded by --wait, if the lock is held.
+		tctx, cancel := context.WithTimeoutCause(ctx, g.timeout, errOpTimeout)
+		h.lease, err = f.take(tctx, h.client, key, true, opts)
 		cancel()
-		if ae := (*dlock.AcquireError)(nil); errors.As(err, &ae) && errors.Is(ae.Cause, errWaitOver) && ae.Last != nil && ae.Attempts <= 1 {
-			// --wait ended during the first attempt (shorter than a round
-			// trip, or a slow server): nobody said the lock was held. Make
-			// that attempt, bounded by --timeout.
-			tctx, cancel := context.WithTimeoutCause(ctx, g.timeout, errOpTimeout)
-			h.lease, err = f.take(tctx, h.client, key, true, opts)
+		if ae := (*dlock.AcquireError)(nil); errors.As(err, &ae) && ae.Cause == nil {
+			wctx, cancel := ctx, context.CancelFunc(func() {})
+			if !f.wait.forever {
+				wctx, cancel = context.WithTimeoutCause(ctx, f.wait.d, errWaitOver)
+			}
+			h.lease, err = f.take(wctx, h.client, key, false, opts)
 			cancel()
 		}
 	}
