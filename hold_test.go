@@ -24,19 +24,8 @@ func TestMinHold(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				store := memlock.NewStore()
-				c := dlock.New(store.Backend(), append([]dlock.Option{dlock.WithMinHold(time.Second)}, tc.opts...)...)
-				defer c.Close()
-				other := dlock.New(store.Backend())
-				defer other.Close()
 				ctx := context.Background()
-				l := locktest.MustAcquire(t, ctx, c, "job")
-				if err := l.Release(ctx); err != nil {
-					t.Fatalf("Release within the minimum hold: %v", err)
-				}
-				if !errors.Is(l.Err(), dlock.ErrReleased) {
-					t.Fatalf("lease after Release: got %v, want ErrReleased", l.Err())
-				}
+				other := releaseInMinHold(t, time.Second, tc.opts...)
 				time.Sleep(900 * time.Millisecond)
 				if _, err := other.TryAcquire(ctx, "job"); !errors.Is(err, dlock.ErrNotAcquired) {
 					t.Fatalf("900ms into a 1s minimum hold: got %v, want ErrNotAcquired", err)
@@ -53,21 +42,33 @@ func TestMinHold(t *testing.T) {
 	}
 }
 
+// releaseInMinHold takes "job" through a Client with WithMinHold(d) and
+// opts on a new memlock store, releases it at once (checking that the
+// lease ended as released), and returns another Client of the store; both
+// are closed when the test ends.
+func releaseInMinHold(t *testing.T, d time.Duration, opts ...dlock.Option) *dlock.Client {
+	t.Helper()
+	store := memlock.NewStore()
+	c := locktest.Closing(t, dlock.New(store.Backend(), append([]dlock.Option{dlock.WithMinHold(d)}, opts...)...))
+	other := locktest.Closing(t, dlock.New(store.Backend()))
+	ctx := context.Background()
+	l := locktest.MustAcquire(t, ctx, c, "job")
+	if err := l.Release(ctx); err != nil {
+		t.Fatalf("Release within the minimum hold: %v", err)
+	}
+	if !errors.Is(l.Err(), dlock.ErrReleased) {
+		t.Fatalf("lease after Release: got %v, want ErrReleased", l.Err())
+	}
+	return other
+}
+
 // TestMinHoldHuge: a minimum hold as long as a Duration holds keeps the
 // lock after Release (its extension's TTL saturates; it overflowed to the
 // 1ms floor, freeing the lock at once while Release returned nil).
 func TestMinHoldHuge(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		store := memlock.NewStore()
-		c := dlock.New(store.Backend(), dlock.WithMinHold(math.MaxInt64))
-		defer c.Close()
-		other := dlock.New(store.Backend())
-		defer other.Close()
 		ctx := context.Background()
-		l := locktest.MustAcquire(t, ctx, c, "job")
-		if err := l.Release(ctx); err != nil {
-			t.Fatalf("Release within the minimum hold: %v", err)
-		}
+		other := releaseInMinHold(t, math.MaxInt64)
 		time.Sleep(time.Hour)
 		if _, err := other.TryAcquire(ctx, "job"); !errors.Is(err, dlock.ErrNotAcquired) {
 			t.Fatalf("an hour into an endless minimum hold: got %v, want ErrNotAcquired", err)

@@ -287,15 +287,16 @@ func cycle(b *testing.B, ctx context.Context, acquire func(context.Context, ...d
 }
 
 // tryRelease takes r with the Backend's TryAcquire and releases that
-// grant; it fails b when r is not granted.
-func tryRelease(b *testing.B, ctx context.Context, bk *redislock.Backend, r dlock.Request) {
+// grant; it fails tb when r is not granted.
+func tryRelease(tb testing.TB, ctx context.Context, bk *redislock.Backend, r dlock.Request) {
+	tb.Helper()
 	g, err := bk.TryAcquire(ctx, r)
 	if err != nil || !g.OK {
-		b.Fatalf("TryAcquire: %+v, %v", g, err)
+		tb.Fatalf("TryAcquire of %q by %s: %+v, %v", r.Key, r.Token, g, err)
 	}
 	r.Fence = g.Fence
 	if err := bk.Release(ctx, r); err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 }
 
