@@ -84,17 +84,36 @@ func New(c *dlock.Client, opts ...dlock.Option) *Locker {
 // returns nil once held, or the Client's error (matching
 // dlock.ErrNotAcquired and ctx's error when ctx ended the wait).
 func (l *Locker) Lock(ctx context.Context, name string) error {
+	return l.take(ctx, name, false)
+}
+
+// TryLock makes one attempt to take the lock name: true when taken, false
+// (and a nil error) when someone else holds it.
+func (l *Locker) TryLock(ctx context.Context, name string) (bool, error) {
+	err := l.take(ctx, name, true)
+	if errors.Is(err, dlock.ErrNotAcquired) && ctx.Err() == nil {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// take takes name's turn in the process, then the lock on the server: one
+// attempt each when try is set (an error matching dlock.ErrNotAcquired
+// when either is taken), else waiting for both.
+func (l *Locker) take(ctx context.Context, name string, try bool) error {
 	if err := l.check("lock", name); err != nil {
 		return err
 	}
 	h := l.ref(name)
-	select {
-	case h.turn <- struct{}{}:
-	case <-ctx.Done():
+	if err := awaitTurn(ctx, h, try); err != nil {
 		l.unref(name, h)
-		return fmt.Errorf("certmagiclock: lock %q: %w: %w", name, dlock.ErrNotAcquired, ctx.Err())
+		return fmt.Errorf("certmagiclock: lock %q: %w: %w", name, dlock.ErrNotAcquired, err)
 	}
-	lease, err := l.c.Acquire(ctx, KeyPrefix+name, l.opts...)
+	acquire := l.c.Acquire
+	if try {
+		acquire = l.c.TryAcquire
+	}
+	lease, err := acquire(ctx, KeyPrefix+name, l.opts...)
 	if err != nil {
 		<-h.turn
 		l.unref(name, h)
@@ -106,32 +125,23 @@ func (l *Locker) Lock(ctx context.Context, name string) error {
 	return nil
 }
 
-// TryLock makes one attempt to take the lock name: true when taken, false
-// (and a nil error) when someone else holds it.
-func (l *Locker) TryLock(ctx context.Context, name string) (bool, error) {
-	if err := l.check("lock", name); err != nil {
-		return false, err
+// awaitTurn takes h's turn in the process: at once or not at all when try
+// is set, else waiting until ctx ends.
+func awaitTurn(ctx context.Context, h *hold, try bool) error {
+	if try {
+		select {
+		case h.turn <- struct{}{}:
+			return nil
+		default:
+			return errors.New("another goroutine of this instance holds it")
+		}
 	}
-	h := l.ref(name)
 	select {
 	case h.turn <- struct{}{}:
-	default:
-		l.unref(name, h)
-		return false, nil // another goroutine of this instance holds it
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
-	lease, err := l.c.TryAcquire(ctx, KeyPrefix+name, l.opts...)
-	if err != nil {
-		<-h.turn
-		l.unref(name, h)
-		if errors.Is(err, dlock.ErrNotAcquired) && ctx.Err() == nil {
-			return false, nil
-		}
-		return false, err
-	}
-	l.mu.Lock()
-	h.lease = lease
-	l.mu.Unlock()
-	return true, nil
 }
 
 // check returns an error when l has no Client (a nil Locker, or New(nil)).
@@ -228,15 +238,17 @@ func (l *Locker) RenewLockLease(ctx context.Context, name string, d time.Duratio
 		return fmt.Errorf("certmagiclock: renew %q: %w (and taking it again: %w)", name, err, aerr)
 	}
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	if h.lease != lease {
-		// Unlocked meanwhile: not ours to keep.
+	kept := h.lease == lease // else Unlocked meanwhile: not ours to keep
+	if kept {
+		h.lease = again
+	}
+	l.mu.Unlock()
+	if !kept {
 		rctx, cancel := release.Context(ctx, releaseTimeout)
 		defer cancel()
 		_ = again.Release(rctx)
 		return fmt.Errorf("certmagiclock: renew %q: %w", name, dlock.ErrNotHeld)
 	}
-	h.lease = again
 	return nil
 }
 
