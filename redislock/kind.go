@@ -196,17 +196,20 @@ func (b *Backend) claimWriter(ctx context.Context, r dlock.Request) {
 	args := []any{r.Token, b.ttlArg(r.TTL), channelName(lock)}
 	// Recorded before the call: a claim whose reply is lost is withdrawn
 	// too.
-	b.writers.Store(lock+"\x00"+r.Token, struct{}{})
+	b.writers.Store(writerKey(lock, r.Token), struct{}{})
 	if v, err := b.runScript(ctx, "claim", r.Key, kindClaimScript, keys, args); err == nil && v == int64(0) {
-		b.writers.Delete(lock + "\x00" + r.Token) // readers left meanwhile: no claim
+		b.writers.Delete(writerKey(lock, r.Token)) // readers left meanwhile: no claim
 	}
 }
+
+// writerKey is the key of a writer's claim record in Backend.writers.
+func writerKey(lock, token string) string { return lock + "\x00" + token }
 
 // grantedWriter forgets the claim record of a writer r whose attempt on
 // lock was granted (the grant ends the claim on the server).
 func (b *Backend) grantedWriter(lock string, r dlock.Request) {
 	if r.Waiting {
-		b.writers.Delete(lock + "\x00" + r.Token)
+		b.writers.Delete(writerKey(lock, r.Token))
 	}
 }
 
@@ -216,7 +219,7 @@ func (b *Backend) grantedWriter(lock string, r dlock.Request) {
 // failed.
 func (b *Backend) withdrawWriter(ctx context.Context, r dlock.Request) error {
 	lock := b.lockName(r.Key)
-	if _, claimed := b.writers.LoadAndDelete(lock + "\x00" + r.Token); !claimed {
+	if _, claimed := b.writers.LoadAndDelete(writerKey(lock, r.Token)); !claimed {
 		return notHeld("release", r.Key) // no claim of ours: nothing to withdraw
 	}
 	keys := []string{lock, lock + ":x"}
