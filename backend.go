@@ -67,7 +67,8 @@ type Request struct {
 	// will retry it: while readers hold the key, the request keeps new
 	// readers out (see KindRead) until it is granted, its TTL passes, or
 	// the Client gives up: a Release with Waiting set and Fence 0
-	// withdraws the claim (and returns ErrNotHeld).
+	// withdraws the claim and returns ErrNotHeld, releasing no hold (not
+	// one a WithOwner token has).
 	Waiting bool
 	// Value is stored with a KindLock grant by a Proclaimer (an elected
 	// leader's value) and replaced by SetValue.

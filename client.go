@@ -272,7 +272,7 @@ func (c *Client) acquireKind(ctx context.Context, key string, k Kind, permits in
 	defer c.acquiring.Done()
 
 	req := Request{Key: key, TTL: cfg.ttl, FIFO: cfg.fifo, Token: c.token(cfg), Reentrant: cfg.owner != "", Kind: k, Permits: permits, Value: cfg.value}
-	if _, waits := cfg.wait.Delay(1); waits && k == KindLock && !req.Reentrant && c.readers {
+	if _, waits := cfg.wait.Delay(1); waits && k == KindLock && c.readers {
 		req.Waiting = true
 	}
 	if len(cfg.observers) == 0 {

@@ -223,6 +223,7 @@ func (s *suite) rwWriterFirst(t *testing.T) {
 		}
 		s.rwWriterFirstWith(t, dlock.WithFIFO())
 	})
+	t.Run("Owner", func(t *testing.T) { s.rwWriterFirstWith(t, dlock.WithOwner("writer-"+Key(t))) })
 }
 
 // rwWriterFirstWith is rwWriterFirst with the writers' options opts.
@@ -281,7 +282,8 @@ func (s *suite) rwWriterFirstWith(t *testing.T, opts ...dlock.Option) {
 }
 
 // rwBadInput: a read hold released as a write, at the backend, changes
-// nothing; WithOwner on a read hold is refused.
+// nothing; WithOwner on a read hold is refused; a writer's withdrawal
+// gives back no hold.
 func (s *suite) rwBadInput(t *testing.T) {
 	s.needKind(t, dlock.KindRead)
 	key := Key(t)
@@ -304,5 +306,21 @@ func (s *suite) rwBadInput(t *testing.T) {
 	}
 	if _, err := c.RWLock(key).RLock(ctx, dlock.WithOwner("o")); !errors.Is(err, dlock.ErrInvalidOption) {
 		t.Fatalf("WithOwner on a read hold: got %v, want ErrInvalidOption", err)
+	}
+	// A writer's withdrawal (Waiting, Fence 0) never gives back a hold,
+	// not even one its owner token has.
+	wkey := key + "-w"
+	w, err := c.RWLock(wkey).Lock(ctx, dlock.WithOwner("o"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release(t, w)
+	req = dlock.Request{Key: wkey, Token: w.Owner(), TTL: s.h.TTL, Waiting: true}
+	if err := b.Release(ctx, req); !errors.Is(err, dlock.ErrNotHeld) {
+		t.Fatalf("a withdrawal by the holder's token: got %v, want ErrNotHeld", err)
+	}
+	if l, err := s.client(t).RWLock(wkey).TryRLock(ctx); err == nil {
+		release(t, l)
+		t.Fatal("a withdrawal gave back the write hold: a reader got the key")
 	}
 }

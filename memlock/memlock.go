@@ -411,12 +411,15 @@ func (b *Backend) Release(ctx context.Context, r dlock.Request) error {
 		return err
 	}
 	defer b.s.mu.Unlock()
+	if r.Waiting && r.Fence == 0 && r.Kind == dlock.KindLock {
+		// A writer that stopped waiting: withdraw its claim, never a
+		// hold its token may have (an owner's, granted elsewhere).
+		b.s.unclaim(r.Key, r.Token)
+		return dlock.ErrNotHeld
+	}
 	now := time.Now()
 	e := b.s.holdOf(r, now)
 	if !e.heldBy(r) {
-		if r.Waiting && r.Kind == dlock.KindLock {
-			b.s.unclaim(r.Key, r.Token) // a writer that stopped waiting
-		}
 		return dlock.ErrNotHeld
 	}
 	if r.Kind != dlock.KindLock {
