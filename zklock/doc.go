@@ -90,7 +90,10 @@
 // lives (which would block every later waiter). Any node an acquisition
 // cannot account for — a create or delete whose answer never came — is
 // deleted by a background clean-up that retries until the node or its
-// session is gone, or the Backend is closed.
+// session is gone, or the Backend is closed. Close with New (the session
+// outlives the Backend) gives the clean-ups still pending up to the
+// session timeout to finish; with Connect, closing the session removes
+// the nodes.
 //
 // Reentrancy (dlock.WithOwner) is local to the Backend: a reentrant
 // request of the token that holds the lock through the same Backend raises

@@ -569,3 +569,43 @@ func awaitGrants(t *testing.T, ctx context.Context, grants <-chan grant, back ti
 		}
 	}
 }
+
+// TestCloseFinishesCleanUp: with New the session outlives the Backend, so
+// a node left to a background clean-up (a Release that got no answer)
+// would block its key for as long as the caller keeps the connection.
+// Close lets the clean-up finish once the server answers again.
+func TestCloseFinishesCleanUp(t *testing.T) {
+	const session = 4 * time.Second
+	srv := startServer(t)
+	p := startStallProxy(t, srv.Addr())
+	conn := observer(t, p.Addr())
+	b := zklock.New(conn, zklock.WithSessionTimeout(session))
+	c := dlock.New(b, dlock.WithTTL(session))
+	ctx := locktest.Ctx(t, time.Minute)
+	k := locktest.Key(t)
+	l := locktest.MustAcquire(t, ctx, c, k)
+
+	p.shut() // the server does not answer: the Release fails
+	rctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	err := l.Release(rctx)
+	cancel()
+	if err == nil {
+		t.Fatal("Release with the server out: got nil, want an error")
+	}
+	p.heal()
+	if err := c.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	obs := observer(t, srv.Addr())
+	children, _, err := obs.Children(b.KeyPath(k))
+	if err != nil && !errors.Is(err, zk.ErrNoNode) {
+		t.Fatal(err)
+	}
+	if len(children) != 0 {
+		t.Fatalf("after Close, %d lock node(s) left under %s in a live session: %v", len(children), b.KeyPath(k), children)
+	}
+	other := locktest.Closing(t, dlock.New(zklock.New(obs, zklock.WithSessionTimeout(session)), dlock.WithTTL(session)))
+	if _, err := other.TryAcquire(ctx, k); err != nil {
+		t.Fatalf("the key after Close: %v", err)
+	}
+}

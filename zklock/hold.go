@@ -410,27 +410,27 @@ func (b *Backend) reapCreate(pending <-chan result[created], keyPath, guid strin
 
 // background runs attempt until it reports done, with a growing pause
 // between attempts (each bounded by abandonTimeout), on a goroutine that
-// Close stops. A known session that has been replaced ends it: ZooKeeper
-// deleted that session's nodes when it expired.
+// Close stops (see Close). A known session that has been replaced ends
+// it: ZooKeeper deleted that session's nodes when it expired.
 func (b *Backend) background(session int64, attempt func(ctx context.Context) (done bool)) {
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
 		return
 	}
-	b.wg.Add(1)
+	b.cleanWG.Add(1)
 	b.mu.Unlock()
 	go func() {
-		defer b.wg.Done()
+		defer b.cleanWG.Done()
 		delay := 50 * time.Millisecond
-		for b.ctx.Err() == nil {
+		for b.cleanCtx.Err() == nil {
 			if sid := b.conn.SessionID(); session != 0 && sid != 0 && sid != session {
 				return
 			}
-			ctx, cancel := context.WithTimeout(b.ctx, max(abandonTimeout, b.SessionTimeout()))
+			ctx, cancel := context.WithTimeout(b.cleanCtx, max(abandonTimeout, b.SessionTimeout()))
 			done := attempt(ctx)
 			cancel()
-			if done || !sleepCtx(b.ctx, delay) {
+			if done || !sleepCtx(b.cleanCtx, delay) {
 				return
 			}
 			delay = backoff(delay)

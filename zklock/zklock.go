@@ -36,10 +36,15 @@ type Backend struct {
 	czxids      zxidTable     // Connect: czxids of lock node creates, read off the wire
 	gen         atomic.Uint32 // Connect: connections dialled (see wirewatch.go)
 
-	born    time.Time       // for since
-	ctx     context.Context // cancelled by Close; bounds background work
-	cancel  context.CancelFunc
-	armKick chan struct{} // wakes the armer: a hold to watch was queued
+	born   time.Time       // for since
+	ctx    context.Context // cancelled by Close; bounds background work
+	cancel context.CancelFunc
+	// cleanCtx bounds the clean-ups of leftover nodes (background): with
+	// New, Close gives them up to a session timeout before it cancels it.
+	cleanCtx    context.Context
+	cleanCancel context.CancelFunc
+	cleanWG     sync.WaitGroup
+	armKick     chan struct{} // wakes the armer: a hold to watch was queued
 
 	mu        sync.Mutex
 	closed    bool
@@ -127,17 +132,20 @@ func Connect(servers []string, sessionTimeout time.Duration, opts ...Option) (*z
 
 func newBackend(conn *zk.Conn, cfg config) *Backend {
 	ctx, cancel := context.WithCancel(context.Background())
+	cleanCtx, cleanCancel := context.WithCancel(context.Background())
 	return &Backend{
-		born:       time.Now(),
-		watchAhead: true,
-		conn:       conn,
-		cfg:        cfg,
-		ctx:        ctx,
-		cancel:     cancel,
-		armKick:    make(chan struct{}, 1),
-		holds:      make(map[holdKey]*hold),
-		byPath:     make(map[string]*hold),
-		reading:    make(map[string]*armWire),
+		born:        time.Now(),
+		watchAhead:  true,
+		conn:        conn,
+		cfg:         cfg,
+		ctx:         ctx,
+		cancel:      cancel,
+		cleanCtx:    cleanCtx,
+		cleanCancel: cleanCancel,
+		armKick:     make(chan struct{}, 1),
+		holds:       make(map[holdKey]*hold),
+		byPath:      make(map[string]*hold),
+		reading:     make(map[string]*armWire),
 	}
 }
 
@@ -232,8 +240,9 @@ func (b *Backend) checkTTL(ctx context.Context, ttl time.Duration) error {
 // Close stops the Backend's goroutines and reports the locks it still
 // holds lost to their NotifyLoss callbacks; with Connect it then closes
 // the connection (the session's nodes go with it), with New it deletes
-// them (up to a second each). Later calls fail with dlock.ErrClosed.
-// Close returns nil.
+// them (up to a second each) and lets the clean-ups of leftover nodes
+// still pending finish, for at most the session timeout. Later calls fail
+// with dlock.ErrClosed. Close returns nil.
 func (b *Backend) Close() error {
 	b.mu.Lock()
 	if b.closed {
@@ -253,24 +262,39 @@ func (b *Backend) Close() error {
 	for _, h := range left {
 		b.loseHold(h, cause)
 	}
-	if b.conn == nil {
+	if b.conn == nil || b.owned {
+		b.cleanCancel()
+		b.cleanWG.Wait()
+		if b.conn != nil {
+			b.conn.Close()
+		}
 		return nil
 	}
-	if b.owned {
-		b.conn.Close()
-		return nil
-	}
-	var wg sync.WaitGroup
+	// The session outlives the Backend: its nodes would block their keys
+	// for as long as it lives.
 	for _, h := range left {
-		wg.Add(1)
+		b.cleanWG.Add(1)
 		go func() {
-			defer wg.Done()
-			ctx, cancel := context.WithTimeout(context.Background(), abandonTimeout)
+			defer b.cleanWG.Done()
+			ctx, cancel := context.WithTimeout(b.cleanCtx, abandonTimeout)
 			defer cancel()
-			_, _ = await(ctx, func() (struct{}, error) { return struct{}{}, b.conn.Delete(h.path, -1) })
+			_ = b.delete(ctx, h.path)
 		}()
 	}
-	wg.Wait()
+	done := make(chan struct{})
+	go func() {
+		b.cleanWG.Wait()
+		close(done)
+	}()
+	t := time.NewTimer(max(abandonTimeout, b.SessionTimeout()))
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		b.cleanCancel()
+		<-done
+	}
+	b.cleanCancel()
 	return nil
 }
 
