@@ -41,7 +41,6 @@ type Client struct {
 	expiry    leaseHeap                // other leases by expiry
 	timer     *time.Timer              // runs tick; see watchdog.go
 	timerAt   time.Time                // when timer fires; zero when not pending
-	inflight  bool                     // a renewal batch is running
 	batches   sync.WaitGroup
 }
 

@@ -236,6 +236,89 @@ func testWatchdogBatches(t *testing.T) {
 	}
 }
 
+// hangKey is a memlock Backend whose renewals of one key never answer: a
+// call or batch that has the key blocks until its context ends, as on a
+// connection to a server that stopped answering.
+type hangKey struct {
+	*memlock.Backend
+	key  string
+	hang atomic.Bool
+}
+
+func (h *hangKey) blocks(ctx context.Context, rs ...dlock.Request) error {
+	for _, r := range rs {
+		if h.hang.Load() && (h.key == "" || r.Key == h.key) {
+			<-ctx.Done()
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+func (h *hangKey) Refresh(ctx context.Context, r dlock.Request) error {
+	if err := h.blocks(ctx, r); err != nil {
+		return err
+	}
+	return h.Backend.Refresh(ctx, r)
+}
+
+func (h *hangKey) RefreshMany(ctx context.Context, rs []dlock.Request) []error {
+	if err := h.blocks(ctx, rs...); err != nil {
+		errs := make([]error, len(rs))
+		for i := range errs {
+			errs[i] = err
+		}
+		return errs
+	}
+	return h.Backend.RefreshMany(ctx, rs)
+}
+
+// TestWatchdogHungRenewalIsolated: a renewal that hangs (a lease of 30s
+// whose renewal batch may take TTL/3) neither delays another lease's
+// renewals nor, when the server answers nothing at all, its loss past
+// its Expires.
+func TestWatchdogHungRenewalIsolated(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		key  string // the renewals that hang: "a", or every one
+	}{{"OtherRenewed", "a"}, {"LostAtExpires", ""}} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				b := &hangKey{Backend: memlock.New(), key: tc.key}
+				c := dlock.New(b)
+				defer c.Close()
+				ctx := context.Background()
+				if _, err := c.Acquire(ctx, "a", dlock.WithTTL(30*time.Second)); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(9950 * time.Millisecond) // a's renewal is due at 10s: bl's comes after
+				bl, err := c.Acquire(ctx, "b", dlock.WithTTL(600*time.Millisecond))
+				if err != nil {
+					t.Fatal(err)
+				}
+				b.hang.Store(true)
+				if tc.key != "" {
+					time.Sleep(3 * time.Second)
+					if err := bl.Err(); err != nil || !bl.Expires().After(time.Now()) {
+						t.Fatalf("b while a's renewal hangs: err %v, expires %v ago", err, time.Since(bl.Expires()))
+					}
+					return
+				}
+				expires := bl.Expires()
+				select {
+				case <-bl.Done():
+					if d := time.Since(expires); d > time.Millisecond {
+						t.Fatalf("b lost %v after its Expires", d)
+					}
+				case <-time.After(time.Until(expires) + time.Second):
+					t.Fatalf("b not lost 1s after its Expires (a's renewal in flight)")
+				}
+				b.hang.Store(false)
+			})
+		})
+	}
+}
+
 // TestLostOnTakeover deletes the lock behind the holder's back (another
 // connection releasing with the holder's token): the next renewal finds
 // it gone and reports the lease lost at once.

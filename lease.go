@@ -46,7 +46,6 @@ type Lease struct {
 	expAt     time.Time // expiry (!autoRenew) — in c.expiry
 	renewIdx  int       // index in c.renew, -1 when absent
 	expIdx    int       // index in c.expiry, -1 when absent
-	inflight  bool
 }
 
 // Key returns the lock's key as given to Acquire.

@@ -13,11 +13,12 @@ import (
 // most a timer reset. It keeps two heaps: auto-renewed leases ordered by
 // their next renewal, and the other leases ordered by expiry. Renewals
 // due within a short window are sent together in one batch (one round
-// trip per server with a BatchRefresher), with at most one batch in
-// flight, so a hung server delays neither the expiry of other leases nor
-// later ticks. A batch's deadline is never past the earliest expiry in
-// it, so a backend that honours its context returns in time to report a
-// loss at Expires.
+// trip per server with a BatchRefresher), on the timer's goroutine; a
+// lease is in at most one batch, and a batch in flight holds back no
+// other, so a renewal that hangs delays neither the renewals nor the
+// expiry of other leases. A batch's deadline is never past the earliest
+// expiry in it, so a backend that honours its context returns in time to
+// report a loss at Expires.
 //
 // A lease is renewed TTL/3 after the invoke time of its last successful
 // renewal, or up to TTL/6 earlier when it can join a batch. A failed
@@ -37,8 +38,8 @@ func (c *Client) track(l *Lease) {
 	c.scheduleLocked()
 }
 
-// scheduleLocked sets the timer to the earliest thing due: an expiry, or
-// a renewal when no batch is in flight. A timer that fires early (the
+// scheduleLocked sets the timer to the earliest thing due: an expiry or a
+// renewal. A timer that fires early (the
 // lease it was set for was released) finds nothing to do and reschedules.
 // c.mu must be held.
 func (c *Client) scheduleLocked() {
@@ -46,7 +47,7 @@ func (c *Client) scheduleLocked() {
 	if c.expiry.Len() > 0 {
 		at = c.expiry.top().expAt
 	}
-	if !c.inflight && c.renew.Len() > 0 {
+	if c.renew.Len() > 0 {
 		if t := c.renew.top().next; at.IsZero() || t.Before(at) {
 			at = t
 		}
@@ -87,7 +88,7 @@ func (c *Client) tick() {
 	for c.expiry.Len() > 0 && !now.Before(c.expiry.top().expAt) {
 		lost = append(lost, heap.Pop(&c.expiry).(*Lease))
 	}
-	if !c.inflight && c.renew.Len() > 0 && !now.Before(c.renew.top().next) {
+	if c.renew.Len() > 0 && !now.Before(c.renew.top().next) {
 		// Something is due: renew it together with every lease due in
 		// the next TTL/6, so leases taken at different moments fall
 		// into step and share round trips.
@@ -101,12 +102,10 @@ func (c *Client) tick() {
 				lost = append(lost, l)
 				continue
 			}
-			l.inflight = true
 			batch = append(batch, l)
 		}
 	}
 	if len(batch) > 0 {
-		c.inflight = true
 		c.batches.Add(1)
 	}
 	c.scheduleLocked()
@@ -154,14 +153,12 @@ func (c *Client) settle(r renewResult) {
 	var causes []error
 	report := make([]bool, len(r.leases)) // leases still live: their renewal is news
 	c.mu.Lock()
-	c.inflight = false
 	defer func() {
 		c.mu.Lock()
 		c.scheduleLocked()
 		c.mu.Unlock()
 	}()
 	for i, l := range r.leases {
-		l.inflight = false
 		err := r.errs[i]
 		ttl := r.reqs[i].TTL
 		l.mu.Lock()
