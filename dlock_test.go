@@ -601,14 +601,25 @@ func TestZeroValues(t *testing.T) {
 // TestObserveEndsAtClose: Observe's channel closes when the Client is
 // closed, not only when its context ends.
 func TestObserveEndsAtClose(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		c := dlock.New(memlock.New())
-		ch := c.Election("k").Observe(context.Background())
-		if l, ok := <-ch; !ok || l != (dlock.Leader{}) {
-			t.Fatalf("first observation: got %+v, %v; want no leader", l, ok)
-		}
-		c.Close()
-		for range ch {
-		}
-	})
+	for _, frozen := range []bool{false, true} {
+		t.Run(map[bool]string{false: "Answering", true: "Frozen"}[frozen], func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				s := memlock.NewStore()
+				defer s.Resume()
+				c := dlock.New(s.Backend())
+				ch := c.Election("k").Observe(context.Background())
+				if l, ok := <-ch; !ok || l != (dlock.Leader{}) {
+					t.Fatalf("first observation: got %+v, %v; want no leader", l, ok)
+				}
+				if frozen { // the next reading of the leader does not answer
+					s.Pause()
+					time.Sleep(2 * time.Second)
+					synctest.Wait()
+				}
+				c.Close()
+				for range ch {
+				}
+			})
+		})
+	}
 }

@@ -166,6 +166,10 @@ func (e *Election) Observe(ctx context.Context) <-chan Leader {
 
 func (e *Election) observe(ctx context.Context, poll time.Duration, ch chan Leader) {
 	defer close(ch)
+	// Close ends the server calls too: one that hangs must not keep ch open.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(e.c.closeCtx, cancel)()
 	var sub <-chan struct{}
 	if e.c.notifier != nil {
 		s, stop, err := e.c.notifier.Subscribe(ctx, e.key)
