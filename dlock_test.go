@@ -319,6 +319,37 @@ func TestWatchdogHungRenewalIsolated(t *testing.T) {
 	}
 }
 
+// TestWatchdogHungRenewalNoBatch: on a backend without RefreshMany the
+// leases of one batch are renewed by separate calls; one that hangs must
+// not use up the others' time.
+func TestWatchdogHungRenewalNoBatch(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := &hangKey{Backend: memlock.New(), key: "a"}
+		c := dlock.New(struct{ dlock.Backend }{h}, dlock.WithTTL(3*time.Second))
+		defer c.Close()
+		ctx := context.Background()
+		var leases []*dlock.Lease
+		for _, k := range []string{"a", "b", "c"} {
+			l, err := c.Acquire(ctx, k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			leases = append(leases, l)
+		}
+		h.hang.Store(true)
+		time.Sleep(10 * time.Second)
+		for _, l := range leases[1:] {
+			if err := l.Err(); err != nil || !l.Expires().After(time.Now()) {
+				t.Fatalf("%s while a's renewal hangs: err %v, expires in %v", l.Key(), err, time.Until(l.Expires()))
+			}
+		}
+		if leases[0].Err() == nil {
+			t.Fatal("a: renewals hung past its expiry, yet not lost")
+		}
+		h.hang.Store(false)
+	})
+}
+
 // TestLostOnTakeover deletes the lock behind the holder's back (another
 // connection releasing with the holder's token): the next renewal finds
 // it gone and reports the lease lost at once.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 )
 
@@ -13,7 +14,8 @@ import (
 // most a timer reset. It keeps two heaps: auto-renewed leases ordered by
 // their next renewal, and the other leases ordered by expiry. Renewals
 // due within a short window are sent together in one batch (one round
-// trip per server with a BatchRefresher), on the timer's goroutine; a
+// trip per server with a BatchRefresher, else one call per lease, all at
+// once), on the timer's goroutine; a
 // lease is in at most one batch, and a batch in flight holds back no
 // other, so a renewal that hangs delays neither the renewals nor the
 // expiry of other leases. A batch's deadline is never past the earliest
@@ -120,7 +122,8 @@ func (c *Client) tick() {
 	}
 }
 
-// renewBatch refreshes leases in one call. The deadline is the shortest
+// renewBatch refreshes leases in one call (RefreshMany), or in one call
+// per lease run concurrently. The deadline is the shortest
 // TTL/3 in the batch, and never past the earliest expiry.
 func (c *Client) renewBatch(leases []*Lease) renewResult {
 	now := time.Now()
@@ -133,13 +136,20 @@ func (c *Client) renewBatch(leases []*Lease) renewResult {
 	}
 	timeout = max(timeout, time.Millisecond)
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	if c.batch != nil && len(leases) > 1 {
+	switch {
+	case c.batch != nil && len(leases) > 1:
 		r.errs = c.batch.RefreshMany(ctx, r.reqs)
-	} else {
+	case len(leases) == 1:
+		r.errs = []error{c.b.Refresh(ctx, r.reqs[0])}
+	default:
+		// One call per lease, at once: a call that hangs must not use up
+		// the others' time.
 		r.errs = make([]error, len(leases))
+		var wg sync.WaitGroup
 		for i := range r.reqs {
-			r.errs[i] = c.b.Refresh(ctx, r.reqs[i])
+			wg.Go(func() { r.errs[i] = c.b.Refresh(ctx, r.reqs[i]) })
 		}
+		wg.Wait()
 	}
 	cancel()
 	return r
