@@ -169,7 +169,8 @@
 // Every error string starts with "dlock:". Match with errors.Is:
 // ErrNotAcquired (and the context's error when the context ended the
 // wait), ErrLost, ErrNotHeld, ErrReleased, ErrClosed, ErrInvalidKey,
-// ErrInvalidTTL, ErrInvalidOption, ErrWrongType, ErrMaxHold, ErrMinHold.
-// Failures of one node
-// among several are *NodeError values joined with errors.Join.
+// ErrInvalidTTL, ErrInvalidOption, ErrWrongType, ErrMaxHold, ErrMinHold,
+// ErrPermits (semaphores), ErrNotLeader and ErrNoLeader (elections);
+// backends add their own (redislock's ErrNotReplicated). Failures of one
+// node among several are *NodeError values joined with errors.Join.
 package dlock

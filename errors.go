@@ -52,9 +52,11 @@ var (
 	// strategy, a negative duration, an empty owner, a nil backend, ...).
 	ErrInvalidOption = errors.New("dlock: invalid option")
 
-	// ErrWrongType reports that the key a lock needs already holds data of
-	// another kind, written by something other than dlock (for example a
-	// list under the same name). Nothing is overwritten.
+	// ErrWrongType reports that the key a request needs already holds
+	// data of another kind: written by something other than dlock (for
+	// example a list under the same name), or dlock holds of another kind
+	// (a permit asked of a key held as a lock or by readers, and the
+	// like). Nothing is overwritten.
 	ErrWrongType = errors.New("dlock: key holds a value that is not a dlock lock")
 )
 

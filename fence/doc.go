@@ -4,11 +4,12 @@
 // after its lease expired; the resource can, by comparing the writer's
 // fence (dlock.Lease.Fence) with the highest fence it has accepted.
 //
-// The rule every check here applies: a write with fence f by owner o is
+// The rule Guard and Redis apply: a write with fence f by owner o is
 // accepted when f is greater than the highest fence seen for that
 // resource, or equal to it and o is the owner who wrote with it (the same
 // lease writing again). Anything else is rejected with ErrStale and
-// changes nothing.
+// changes nothing. SQLPredicate is stricter: it accepts only a fence
+// above the row's, and a rejection shows as 0 rows affected.
 //
 //   - Guard: in-process, for resources a single process owns.
 //   - Redis: atomic check-and-set (Set) and check-and-read (Claim) scripts
@@ -18,7 +19,7 @@
 // # Epochs
 //
 // Fences are comparable only within one lock backend and one key: every
-// backend numbers its grants its own way (a Redis counter or server time in
+// backend numbers its grants its own way (Redis server time in
 // microseconds, an etcd revision, a ZooKeeper zxid, a memory counter), so a
 // fence from one says nothing about a fence from another, and a fresh etcd
 // cluster starts its revisions low again. A resource whose writers move to

@@ -30,10 +30,11 @@
 // naive one (plain GET and SET), the negative control. A fence checked only
 // on the write would not protect a read-modify-write — the old holder could
 // write between the new holder's read and write — so the read claims the
-// fence too. With Config.FIFO every Acquire passes dlock.WithFIFO(), so a
-// backend with an optional server-side queue (redislock) serves the
-// workers from it: a release hands the lock to the next waiter. The
-// report labels such runs "(FIFO)".
+// fence too. With Config.FIFO every Acquire passes dlock.WithFIFO(): a
+// worker joins the backend's server-side queue at once, without a first
+// plain attempt (redislock, etcdlock and zklock queue every wait anyway;
+// a release hands the lock to the next waiter). The report labels such
+// runs "(FIFO)".
 //
 // Every process writes its history as JSON lines (Event) stamped with
 // CLOCK_MONOTONIC, which all processes on the machine share; the fault

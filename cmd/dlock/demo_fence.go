@@ -114,7 +114,7 @@ func (d *fencingDemo) startA(ctx context.Context) bool {
 		return false
 	}
 	r.detail("worker A (pid %d) holds %q with fence %d, TTL %v", w.cmd.Process.Pid, fencingLockKey, d.a.Fence, fenceTTL)
-	r.detail("(Redis fences are max(counter+1, server time in µs): they keep growing even if Redis restarts empty)")
+	r.detail("(Redis fences are the server time in µs, kept above the last grant's: they keep growing even if Redis restarts empty)")
 	return true
 }
 

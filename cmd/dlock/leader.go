@@ -105,7 +105,7 @@ func newLeaderRunCmd(g *globals) *cobra.Command {
 	fl.IntVar(&f.conflictCode, "conflict-exit-code", exitConflict, "exit code when --wait ran out while another campaigner led")
 	fl.IntVar(&f.lostCode, "lost-exit-code", exitLost, "exit code when the leadership is lost while the command runs")
 	fl.DurationVar(&f.grace, "grace", 10*time.Second, "after a lost leadership: time between SIGTERM and SIGKILL to the command")
-	fl.BoolVar(&f.fifo, "fifo", false, "campaign in a server-side queue, served in arrival order (redis; etcd and ZooKeeper always queue)")
+	fl.BoolVar(&f.fifo, "fifo", false, "join the server-side queue at once, without a first plain attempt (redis, etcd and ZooKeeper queue every wait anyway; redlock and postgres refuse it)")
 	fl.BoolVarP(&f.quiet, "quiet", "q", false, "print nothing when another campaigner leads")
 	g.addMetricsFlag(cmd)
 	return cmd

@@ -117,7 +117,7 @@ func newRunCmd(g *globals) *cobra.Command {
 	fl.IntVar(&f.lostCode, "lost-exit-code", exitLost, "exit code when the lease is lost while the command runs")
 	fl.DurationVar(&f.grace, "grace", 10*time.Second, "after a lost lease: time between SIGTERM and SIGKILL to the command")
 	fl.StringVar(&f.owner, "owner", "", "hold the lock as this owner id (default: a random token per run); a run with the same id re-enters the lock instead of conflicting")
-	fl.BoolVar(&f.fifo, "fifo", false, "with --wait: wait in a server-side queue, served in arrival order (redis; etcd and ZooKeeper always queue)")
+	fl.BoolVar(&f.fifo, "fifo", false, "with --wait: join the server-side queue at once, without a first plain attempt (redis, etcd and ZooKeeper queue every wait anyway; redlock and postgres refuse it)")
 	fl.BoolVarP(&f.quiet, "quiet", "q", false, "print nothing when the lock is held by another owner")
 	g.addMetricsFlag(cmd)
 	f.addKindFlags(cmd)

@@ -127,9 +127,10 @@ server at once (the run must fail with lease overlaps), "?weaken=same-fence" als
 grant fence 1 (fence regressions), "?weaken=no-fence-check" also turns the fenced register's
 check off (stale writes accepted), on any backend URL.
 
---fifo makes every worker acquire with dlock.WithFIFO(): redislock then queues waiters on the
-server and a release hands the lock to the next one; etcd and ZooKeeper always queue; redlock has
-no queue and is refused. The report marks such rows "(FIFO)".
+--fifo makes every worker acquire with dlock.WithFIFO(): it joins the server-side queue at once,
+without a first plain attempt (redislock, etcd and ZooKeeper queue every wait anyway, and a
+release hands the lock to the next waiter); redlock and postgres have no queue and are refused.
+The report marks such rows "(FIFO)".
 
 --kind selects what the workers take: lock (the default), permits:N (one permit of an N-permit
 semaphore; at most N holds at once, in the histories and in the server's view), rw (a read-write
