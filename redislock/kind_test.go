@@ -444,6 +444,46 @@ func TestKindWriterClaim(t *testing.T) {
 	})
 }
 
+// TestKindQueuedWriterLeaves: a writer queued behind readers that gives
+// up wakes the readers it kept out (the release message), as a
+// withdrawn claim does.
+func TestKindQueuedWriterLeaves(t *testing.T) {
+	_, b, ctx := onSrv(t)
+	k := key(t)
+	r1 := holding(t, b, kindReq(k, "r1", dlock.KindRead, 0, time.Minute))
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	writer := make(chan error, 1)
+	go func() {
+		_, err := b.Wait(wctx, dlock.Request{Key: k, Token: "w", TTL: time.Minute})
+		writer <- err
+	}()
+	waitFor(t, 5*time.Second, "the writer to queue", func() bool {
+		info, err := b.Inspect(ctx, k)
+		return err == nil && info.Waiters == 1
+	})
+	r2 := kindReq(k, "r2", dlock.KindRead, 0, time.Minute)
+	if g, err := b.TryAcquire(ctx, r2); err != nil || g.OK {
+		t.Fatalf("reader behind a queued writer: got %+v, %v; want not granted", g, err)
+	}
+	ch, stop, err := b.Watch(ctx, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	cancel()
+	if err := <-writer; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the writer's Wait: got %v, want context.Canceled", err)
+	}
+	notified(t, ch, "the queued writer left: the release message for the readers kept out")
+	g, err := b.TryAcquire(ctx, r2)
+	if err != nil || !g.OK {
+		t.Fatalf("reader after the writer left: got %+v, %v; want granted", g, err)
+	}
+	r2.Fence = g.Fence
+	mustRelease(t, b, r1, r2)
+}
+
 // TestKindWriterClaimForgotten: a writer granted after it claimed the key
 // (readers left) leaves no record of its claim behind in the Backend: one
 // per contended write would grow for the Backend's lifetime.

@@ -11,7 +11,9 @@
 -- not confirmed it yet (flag c), the lock goes on to the next live waiter
 -- (or is freed). A lock the token holds and has confirmed is left alone:
 -- it is an earlier grant of the same owner, or the grant of an abandoned
--- call, which that call's own cleanup releases.
+-- call, which that call's own cleanup releases. A writer that leaves a
+-- key readers hold PUBLISHes on the release channel when readers found it
+-- held, so that the readers it kept out try again at once.
 --
 -- Returns 1 when a reserved lock was passed on, 0 otherwise, or
 -- {-1, key, type} when a key holds a value of another type.
@@ -26,6 +28,15 @@ redis.call('DEL', beat(lock, ARGV[2]))
 local state, f, n, fl, a, t = decode(lock, redis.pcall('GET', lock))
 if state == 'wrong' then
   return f
+end
+if state == 'lock' and n > 0 and t == '' and has(fl, 'r') then
+  -- Readers hold the key: a writer that leaves may let in the readers it
+  -- kept out, which wait for the release message (when one found the key
+  -- held: flag w).
+  if rm == 1 and has(fl, 'w') then
+    redis.call('PUBLISH', ARGV[3], '')
+  end
+  return 0
 end
 if state ~= 'lock' or n == 0 or t ~= ARGV[1] or not has(fl, 'c') then
   return 0
