@@ -22,7 +22,14 @@ var (
 
 var errNoGroups = errors.New("process groups are not supported on this platform")
 
-func prepareChild(cmd *exec.Cmd) (restore func()) { return func() {} }
+func prepareChild(cmd *exec.Cmd) (restore func(), wait func() int) {
+	return func() {}, func() int {
+		_ = cmd.Wait()
+		return exitStatus(cmd.ProcessState)
+	}
+}
+
+func continueGroup(int) {}
 
 func signalGroup(pgid int, sig os.Signal) error {
 	p, err := os.FindProcess(pgid)

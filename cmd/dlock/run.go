@@ -69,6 +69,11 @@ nobody would renew the lease, and another host could soon run it alongside. Proc
 that COMMAND starts are not killed with it: in a script, exec the program that does the
 work, so that it is COMMAND's process.
 
+In a terminal COMMAND runs in the foreground: it reads the terminal, and Ctrl-C reaches
+it directly. Ctrl-Z stops COMMAND and dlock with it, and the shell's fg or bg continues
+both. A stopped dlock renews nothing: stopped for longer than the TTL, it finds the lock
+lost when continued and stops COMMAND as above (exit 76).
+
 Instead of the lock, run can hold (on backends that support it; others refuse with
 exit 2):
 
@@ -381,7 +386,7 @@ func supervise(g *globals, f *runFlags, h *hold, key string, argv []string, sigs
 		"DLOCK_BACKEND="+g.backend,
 	)
 	child.Env = append(child.Env, f.env(lease)...)
-	restore := prepareChild(child)
+	restore, wait := prepareChild(child)
 	if err := child.Start(); err != nil {
 		restore()
 		code := exitNoPerm
@@ -393,8 +398,9 @@ func supervise(g *globals, f *runFlags, h *hold, key string, argv []string, sigs
 	}
 	pgid := child.Process.Pid
 	exited := make(chan struct{})
+	var status int
 	go func() {
-		_ = child.Wait()
+		status = wait()
 		close(exited)
 	}()
 
@@ -417,6 +423,7 @@ loop:
 			fmt.Fprintf(stderr, "dlock: %s: lost %s while the command ran (%s): sending SIGTERM to the command (process group %d), SIGKILL in %v\n",
 				f.cmdName(), f.held(key), trim(lostErr), pgid, f.grace)
 			_ = signalGroup(pgid, termSignal)
+			continueGroup(pgid) // a stopped command (Ctrl-Z) must get it too
 			deadline = time.Now().Add(f.grace)
 			t := time.NewTimer(f.grace)
 			defer t.Stop()
@@ -428,7 +435,6 @@ loop:
 		}
 	}
 	restore()
-	status := exitStatus(child.ProcessState)
 
 	if lostErr != nil {
 		// Processes the command started may still run: give them the rest
