@@ -234,6 +234,18 @@
 // grant's (freed by ForceRelease, or taken by a lease-mode client after
 // its deadline) fails with an error matching dlock.ErrNotHeld.
 //
+// One statement at a time runs on a hold's connection, and no call waits
+// for it past its own context: a renewal runs on its own goroutine (the
+// caller whose context ends returns while it goes on; cutting it short
+// would close the connection and end the session), and a Refresh or
+// Release that finds the connection busy waits for it within its context.
+// A Release whose context ends first returns the context's error and
+// finishes in the background: it waits up to a second more for the
+// statement, then ends the holder's session from another connection
+// (pg_terminate_backend, which frees the session lock even while the
+// statement is held up inside the server), and frees the row, trying
+// until the grant's deadline.
+//
 // The rows are those of the lease mode: in one schema the two modes
 // exclude each other on a key. The sweeper deletes them as it deletes
 // the lease mode's. An attempt whose statement fails closes its

@@ -43,14 +43,41 @@ type session struct {
 	pid   int32
 	regs  int // live NotifyLoss registrations; guarded by SessionBackend.mu
 
-	mu       sync.Mutex // one statement at a time on conn
+	// slot holds one value while a statement runs on conn: the right to
+	// use conn, taken by a send that waits within the caller's context.
+	slot chan struct{}
+
+	mu       sync.Mutex // guards the fields below; never held during I/O
 	dead     error      // set once the connection failed
 	onEnd    []func(error)
 	lastOK   time.Time     // start of the last statement that succeeded on conn
 	ttl      time.Duration // the lease's TTL: the session's idle timeout
-	inflight chan struct{} // closed when the running renewal ends
-	pingErr  error         // the result of the last renewal
+	inflight *renewal      // the renewal due to start, if any
 }
+
+// renewal is one run of ping: done is closed once err is set.
+type renewal struct {
+	done chan struct{}
+	err  error
+}
+
+// take waits for conn within ctx; on success the caller runs its
+// statements, then calls give.
+func (h *session) take(ctx context.Context) bool {
+	select {
+	case h.slot <- struct{}{}: // free: taken even if ctx has ended
+		return true
+	default:
+	}
+	select {
+	case h.slot <- struct{}{}:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func (h *session) give() { <-h.slot }
 
 // NewSession returns a SessionBackend on pool, configured by opts (those
 // of New; the schema holds the fence sequence and the waiters). Every
@@ -120,7 +147,8 @@ func (s *SessionBackend) TryAcquire(ctx context.Context, r dlock.Request) (dlock
 		conn.Release()
 		return dlock.Grant{HolderTTL: time.Duration(remain) * time.Microsecond}, nil
 	}
-	h := &session{conn: conn, key: r.Key, token: r.Token, fence: uint64(fence), count: 1, pid: pid, lastOK: start, ttl: r.TTL}
+	h := &session{conn: conn, key: r.Key, token: r.Token, fence: uint64(fence), count: 1, pid: pid, lastOK: start, ttl: r.TTL,
+		slot: make(chan struct{}, 1)}
 	s.mu.Lock()
 	s.held[r.Key] = h
 	s.mu.Unlock()
@@ -212,56 +240,72 @@ func (h *session) renew(ctx context.Context, stmt string, ttl time.Duration) err
 		h.mu.Unlock()
 		return fmt.Errorf("pglock: refresh: the session ended: %w", h.dead)
 	}
-	// A renewal in flight has not started its statement (it holds h.mu
-	// while running it, and clears inflight first): it renews to h.ttl.
+	// A renewal due to start has not read h.ttl yet (ping clears
+	// inflight when it does): it renews to the raised TTL.
 	h.ttl = max(h.ttl, ttl)
-	done := h.inflight
-	if done == nil {
-		done = make(chan struct{})
-		h.inflight = done
-		deadline := h.lastOK.Add(h.ttl)
-		go h.ping(stmt, deadline, done)
+	r := h.inflight
+	if r == nil {
+		r = &renewal{done: make(chan struct{})}
+		h.inflight = r
+		go h.ping(stmt, h.lastOK.Add(h.ttl), r)
 	}
 	h.mu.Unlock()
 	select {
-	case <-done:
+	case <-r.done:
+		return r.err
 	case <-ctx.Done():
 		return wrap("refresh", ctx.Err())
 	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.pingErr
 }
 
-// ping checks the session, bounded by deadline (the lease's validity).
-// Holding h.mu keeps other statements off the connection meanwhile.
-func (h *session) ping(stmt string, deadline time.Time, done chan struct{}) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	defer close(done)
-	h.inflight = nil
-	if h.dead != nil { // released, or failed, while this renewal waited
-		h.pingErr = fmt.Errorf("pglock: refresh: the session ended: %w", h.dead)
+// ping checks the session, bounded by deadline (the lease's validity,
+// moved on by a renewal that succeeds meanwhile): it waits for the
+// statement running on conn, then runs its own.
+func (h *session) ping(stmt string, deadline time.Time, r *renewal) {
+	defer close(r.done)
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	if !h.take(ctx) {
+		h.mu.Lock()
+		if h.inflight == r {
+			h.inflight = nil
+		}
+		h.mu.Unlock()
+		r.err = fmt.Errorf("pglock: refresh: the session was busy until the lease's deadline: %w", ctx.Err())
 		return
 	}
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer h.give()
+	h.mu.Lock()
+	if h.inflight == r {
+		h.inflight = nil
+	}
+	dead, ttl := h.dead, h.ttl
+	deadline = h.lastOK.Add(ttl)
+	h.mu.Unlock()
+	if dead != nil { // released, or failed, while this renewal waited
+		r.err = fmt.Errorf("pglock: refresh: the session ended: %w", dead)
+		return
+	}
+	ctx, cancel = context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	start := time.Now()
 	var (
 		pid   int32
 		found bool
 	)
-	err := h.conn.QueryRow(ctx, stmt, idleTimeout(h.ttl), h.key, h.token, int64(h.fence), h.ttl.Microseconds()).Scan(&pid, nil, &found)
+	err := h.conn.QueryRow(ctx, stmt, idleTimeout(ttl), h.key, h.token, int64(h.fence), ttl.Microseconds()).Scan(&pid, nil, &found)
 	switch {
 	case err != nil:
 		h.fail(err)
-		h.pingErr = wrap("refresh", err)
+		r.err = wrap("refresh", err)
 	case pid != h.pid:
-		h.pingErr = fmt.Errorf("pglock: refresh: %w: the connection moved from server process %d to %d; session mode needs a session of its own (a transaction-pooling proxy is in the way)", dlock.ErrNotHeld, h.pid, pid)
+		r.err = fmt.Errorf("pglock: refresh: %w: the connection moved from server process %d to %d; session mode needs a session of its own (a transaction-pooling proxy is in the way)", dlock.ErrNotHeld, h.pid, pid)
 	case !found:
-		h.pingErr = fmt.Errorf("pglock: refresh: %w: the lock's row was freed (ForceRelease) or taken over after its deadline", dlock.ErrNotHeld)
+		r.err = fmt.Errorf("pglock: refresh: %w: the lock's row was freed (ForceRelease) or taken over after its deadline", dlock.ErrNotHeld)
 	default:
-		h.lastOK, h.pingErr = start, nil
+		h.mu.Lock()
+		h.lastOK = start
+		h.mu.Unlock()
 	}
 }
 
@@ -274,8 +318,12 @@ func idleTimeout(ttl time.Duration) string {
 // Release gives up one hold; the last frees the row, unlocks the session
 // lock, wakes the oldest live waiter (one statement) and returns the
 // connection to the pool (a session that already ended has its row freed
-// on another connection, and the release reports dlock.ErrNotHeld). When r.Token does not hold the lock it returns an error matching
-// dlock.ErrNotHeld and changes nothing.
+// on another connection, and the release reports dlock.ErrNotHeld). When
+// r.Token does not hold the lock it returns an error matching
+// dlock.ErrNotHeld and changes nothing. When a renewal keeps the
+// connection until ctx ends, it returns ctx's error and the release
+// finishes in the background (see "Session mode" in the package
+// documentation).
 func (s *SessionBackend) Release(ctx context.Context, r dlock.Request) error {
 	if err := s.b.enter(ctx); err != nil {
 		return err
@@ -299,13 +347,60 @@ func (s *SessionBackend) Release(ctx context.Context, r dlock.Request) error {
 // unlock releases the session lock and the connection. A release
 // (clean) also frees the grant's row, ending the lock-delay, even when
 // the session has already ended; a hold given up after a loss leaves the
-// row to its deadline, which its holder may still believe in.
+// row to its deadline, which its holder may still believe in. When a
+// statement (a renewal) keeps the connection past ctx, unlock returns
+// ctx's error and finishes in the background (finish).
 func (s *SessionBackend) unlock(ctx context.Context, h *session, clean bool) error {
 	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.dead != nil {
-		err := fmt.Errorf("pglock: release: %w: the session ended, and with it the lock: %v", dlock.ErrNotHeld, h.dead)
-		h.dead = errReleased
+	h.onEnd = nil // a hold given back is not lost
+	h.mu.Unlock()
+	if !h.take(ctx) {
+		s.gave.Add(1)
+		go func() {
+			defer s.gave.Done()
+			s.finish(h, clean)
+		}()
+		return fmt.Errorf("pglock: release: %w (the connection was busy; the lock is given back in the background)", ctx.Err())
+	}
+	defer h.give()
+	return s.unlockTaken(ctx, h, clean)
+}
+
+// finish is unlock for a caller whose context ended while a statement
+// kept the connection: it waits for the statement up to abandonTimeout,
+// then ends the session from another connection (pg_terminate_backend,
+// which frees the session lock at once, and makes the statement fail),
+// and gives the lock back: a release frees the row, trying until the
+// grant's deadline.
+func (s *SessionBackend) finish(h *session, clean bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), abandonTimeout)
+	defer cancel()
+	if !h.take(ctx) {
+		kctx, kcancel := context.WithTimeout(context.Background(), abandonTimeout)
+		_, _ = s.b.pool.Exec(kctx, s.b.stmts.sessionKill, h.key, h.pid)
+		kcancel()
+		h.slot <- struct{}{} // the statement ends by the lease's deadline at the latest
+	}
+	defer h.give()
+	// Freeing the row can wait for whatever held up the renewal (a row
+	// lock): it is worth trying until the grant's deadline, when the row
+	// frees itself.
+	h.mu.Lock()
+	deadline := h.lastOK.Add(h.ttl)
+	h.mu.Unlock()
+	uctx, ucancel := context.WithDeadline(context.Background(), deadline)
+	defer ucancel()
+	_ = s.unlockTaken(uctx, h, clean)
+}
+
+// unlockTaken is unlock with the connection taken.
+func (s *SessionBackend) unlockTaken(ctx context.Context, h *session, clean bool) error {
+	h.mu.Lock()
+	dead := h.dead
+	h.mu.Unlock()
+	if dead != nil {
+		err := fmt.Errorf("pglock: release: %w: the session ended, and with it the lock: %v", dlock.ErrNotHeld, dead)
+		h.setDead(errReleased)
 		h.conn.Release()
 		if clean {
 			s.free(ctx, h)
@@ -325,7 +420,7 @@ func (s *SessionBackend) unlock(ctx context.Context, h *session, clean bool) err
 		// Closing the connection ends the session: the server releases
 		// the lock.
 		h.fail(err)
-		h.dead = errReleased
+		h.setDead(errReleased)
 		h.conn.Release()
 		if clean {
 			s.free(ctx, h)
@@ -335,12 +430,18 @@ func (s *SessionBackend) unlock(ctx context.Context, h *session, clean bool) err
 		}
 		return wrap("release", err)
 	}
-	h.dead = errReleased
+	h.setDead(errReleased)
 	h.conn.Release()
 	if !ok {
 		return fmt.Errorf("pglock: release: %w: the session did not hold the lock (a transaction-pooling proxy is in the way?)", dlock.ErrNotHeld)
 	}
 	return nil
+}
+
+func (h *session) setDead(err error) {
+	h.mu.Lock()
+	h.dead = err
+	h.mu.Unlock()
 }
 
 // free frees h's row on another connection (the lease mode's release of
@@ -354,22 +455,25 @@ func (s *SessionBackend) free(ctx context.Context, h *session) {
 // fail records that the connection failed and closes it, ending the
 // session; when the server ended the session (or the connection was
 // reset), the lock is certainly released and the loss is reported at
-// once. Caller holds h.mu.
+// once. Caller has taken the connection (take).
 func (h *session) fail(err error) {
+	h.mu.Lock()
 	if h.dead != nil {
+		h.mu.Unlock()
 		return
 	}
 	h.dead = err
+	var onEnd []func(error)
+	if sessionEnded(err) {
+		onEnd, h.onEnd = h.onEnd, nil
+	}
+	h.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	_ = h.conn.Conn().Close(ctx)
 	cancel()
-	if !sessionEnded(err) {
-		return
-	}
-	for _, fn := range h.onEnd {
+	for _, fn := range onEnd {
 		go fn(fmt.Errorf("%w: the lock's session ended: %v", dlock.ErrLost, err))
 	}
-	h.onEnd = nil
 }
 
 // sessionEnded reports whether err says the server ended the session (or
@@ -517,14 +621,17 @@ func (s *SessionBackend) Close() error {
 	s.mu.Unlock()
 	s.gave.Wait()
 	for _, h := range held {
+		h.slot <- struct{}{} // a renewal running ends by the lease's deadline
 		h.mu.Lock()
-		if h.dead == nil {
+		dead := h.dead
+		h.mu.Unlock()
+		if dead == nil {
 			h.fail(errClosed)
 		}
-		if h.dead != errReleased {
+		if dead != errReleased {
 			h.conn.Release()
 		}
-		h.mu.Unlock()
+		h.give()
 	}
 	return s.b.Close()
 }

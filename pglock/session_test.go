@@ -3,8 +3,11 @@ package pglock_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/internal/locktest"
@@ -288,5 +291,95 @@ func TestSessionReleaseNoDelay(t *testing.T) {
 	o.Fence = og.Fence
 	if err := other.Release(ctx, o); err != nil {
 		t.Fatalf("Release(other): %v", err)
+	}
+}
+
+// lockRow locks key's row FOR UPDATE in a transaction of its own (as a
+// stuck writer or a slow server would hold it up) until the returned
+// function rolls it back; it is rolled back when the test ends too.
+func lockRow(t *testing.T, ctx context.Context, key string) (rollback func()) {
+	t.Helper()
+	admin, err := pgx.Connect(ctx, srv.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := admin.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := tx.QueryRow(ctx, "SELECT count(*) FROM (SELECT 1 FROM dlock.locks WHERE key = $1 FOR UPDATE) r", key).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("lock the row of %q: got %d rows, %v", key, n, err)
+	}
+	var once sync.Once
+	rollback = func() {
+		once.Do(func() {
+			_ = tx.Rollback(context.Background())
+			_ = admin.Close(context.Background())
+		})
+	}
+	t.Cleanup(rollback)
+	return rollback
+}
+
+// within runs f on its own goroutine and returns its error, failing the
+// test if f has not returned after bound (a hang).
+func within(t *testing.T, bound time.Duration, what string, f func() error) error {
+	t.Helper()
+	ch := make(chan error, 1)
+	go func() { ch <- f() }()
+	select {
+	case err := <-ch:
+		return err
+	case <-time.After(bound):
+		t.Fatalf("%s: still running after %v", what, bound)
+		return nil
+	}
+}
+
+// While a renewal is held up on the server (here by a row lock), Refresh
+// and Release return when their context ends. The release then goes on in
+// the background: it ends the session, which frees the session lock while
+// the renewal is still held up, and frees the row once it can.
+func TestSessionCallsHonourContext(t *testing.T) {
+	ctx := locktest.Ctx(t, time.Minute)
+	s := newSession(t)
+	r := dlock.Request{Key: locktest.Key(t), Token: "a", TTL: time.Minute}
+	r.Fence = granted(t, ctx, s, r).Fence
+	rollback := lockRow(t, ctx, r.Key)
+	short := func(f func(context.Context) error) func() error {
+		return func() error {
+			c, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+			defer cancel()
+			return f(c)
+		}
+	}
+	refresh := short(func(c context.Context) error { return s.Refresh(c, r) })
+	// The first starts a renewal that waits for the row; the second waits
+	// for the connection the first holds.
+	for i := range 2 {
+		if err := within(t, 10*time.Second, "Refresh", refresh); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Refresh #%d while the renewal is held up: got %v, want context.DeadlineExceeded", i+1, err)
+		}
+	}
+	err := within(t, 10*time.Second, "Release", short(func(c context.Context) error { return s.Release(c, r) }))
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Release while the renewal is held up: got %v, want context.DeadlineExceeded", err)
+	}
+	// The row is still locked: only the end of the holder's session can
+	// have freed the session lock.
+	pool := newPool(t)
+	locktest.WaitFor(t, 10*time.Second, "the holder's session ends", func() bool {
+		var n int
+		err := pool.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'dlock ' || $1::bigint || ' %'", int64(r.Fence)).Scan(&n)
+		return err == nil && n == 0
+	})
+	rollback()
+	locktest.WaitFor(t, 10*time.Second, "the released row is freed", func() bool {
+		info, err := s.Inspect(ctx, r.Key)
+		return err == nil && !info.Held
+	})
+	if err := s.Release(ctx, r); !errors.Is(err, dlock.ErrNotHeld) {
+		t.Fatalf("second Release: got %v, want ErrNotHeld", err)
 	}
 }

@@ -237,6 +237,13 @@ FROM m`
 	sqlSessionGiveUp = `SELECT pg_advisory_unlock(hashtextextended('{n}:' || $1, 0)),
   set_config('idle_session_timeout', '0', false) || set_config('application_name', '', false)`
 
+	// $1 key, $2 server process: ends that session if it holds the key's
+	// session lock (a release whose connection stayed busy); the server
+	// then releases the lock.
+	sqlSessionKill = `WITH k AS (SELECT hashtextextended('{n}:' || $1, 0) AS v)
+SELECT pg_terminate_backend(l.pid) FROM k JOIN pg_locks l ON l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+  AND l.classid = ((k.v >> 32) & 4294967295)::oid AND l.objid = (k.v & 4294967295)::oid AND l.pid = $2::integer`
+
 	// $1 key, $2 token: the row of an attempt whose reply was lost,
 	// freed (the attempt's token is its own: no other grant carries it).
 	sqlSessionAbort = `UPDATE {s}.locks SET token = '', count = 0, expires = least(expires, now())
@@ -275,6 +282,7 @@ type statements struct {
 	sessionPing, sessionUnlock       string
 	sessionInspect, sessionTerminate string
 	sessionAbort, sessionGiveUp      string
+	sessionKill                      string
 }
 
 func newStatements(schema string) statements {
@@ -313,5 +321,6 @@ func newStatements(schema string) statements {
 		sessionTerminate: r.Replace(sqlSessionTerminate),
 		sessionAbort:     r.Replace(sqlSessionAbort),
 		sessionGiveUp:    r.Replace(sqlSessionGiveUp),
+		sessionKill:      r.Replace(sqlSessionKill),
 	}
 }
