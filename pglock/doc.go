@@ -121,7 +121,9 @@
 // # Waiting
 //
 // A Backend keeps one session of its own, LISTENing on a channel unique to
-// it (WithListenConfig, WithoutListen). Subscribe inserts a row into
+// it (WithListenConfig, WithoutListen), dialed by the first Subscribe:
+// other Subscribes wait for that dial within their own contexts, and
+// nothing else waits for it. Subscribe inserts a row into
 // waiters naming that channel and a tag and, in the same statement, sets
 // the key's wake_until in locks to the waiter's expiry (inserting a free
 // row, fence 0, for a key without one; a mark that already lasts two

@@ -27,13 +27,14 @@ type listener struct {
 	cfg     *pgx.ConnConfig
 	channel string
 
-	mu      sync.Mutex
-	started bool
-	live    bool
-	next    int64
-	subs    map[int64]chan struct{}
-	tagKeys map[int64]string // the key of each waiter
-	keys    map[string]int   // waiters per key
+	mu         sync.Mutex // never held during I/O
+	started    bool
+	connecting chan struct{} // closed when the running first dial ends
+	live       bool
+	next       int64
+	subs       map[int64]chan struct{}
+	tagKeys    map[int64]string // the key of each waiter
+	keys       map[string]int   // waiters per key
 }
 
 func newListener(b *Backend, cfg *pgx.ConnConfig) *listener {
@@ -142,13 +143,39 @@ func (l *listener) remove(tag int64) {
 	}
 }
 
-// ensure opens the session and starts the listen loop, once.
+// ensure opens the session and starts the listen loop, once. One caller
+// dials, without holding l.mu; the others wait for it within their own
+// contexts, and one of them dials again if it failed.
 func (l *listener) ensure(ctx context.Context) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.started {
-		return nil
+	for {
+		l.mu.Lock()
+		if l.started {
+			l.mu.Unlock()
+			return nil
+		}
+		if c := l.connecting; c != nil {
+			l.mu.Unlock()
+			select {
+			case <-c:
+				continue
+			case <-ctx.Done():
+				return wrap("listen", ctx.Err())
+			}
+		}
+		c := make(chan struct{})
+		l.connecting = c
+		l.mu.Unlock()
+		err := l.start(ctx)
+		l.mu.Lock()
+		l.connecting = nil
+		close(c)
+		l.mu.Unlock()
+		return err
 	}
+}
+
+// start dials the session and starts the listen loop.
+func (l *listener) start(ctx context.Context) error {
 	conn, err := l.connect(ctx)
 	if err != nil {
 		return wrap("listen", err)
@@ -160,7 +187,9 @@ func (l *listener) ensure(ctx context.Context) error {
 		closeConn(conn)
 		return errClosed
 	}
+	l.mu.Lock()
 	l.started, l.live = true, true
+	l.mu.Unlock()
 	b.goBackground(func(ctx context.Context) { l.run(ctx, conn) })
 	return nil
 }

@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dlock-go/dlock"
@@ -565,5 +567,103 @@ func TestAcquireNotSentNotUndone(t *testing.T) {
 	}
 	if n := pool.Stat().CanceledAcquireCount() - before; n != 1 {
 		t.Fatalf("connection requests given up: %d, want 1 (the attempt's; no clean-up of a statement never sent)", n)
+	}
+}
+
+// blackhole accepts TCP connections and never answers (a stalled or
+// firewalled server). It returns its address and a channel that receives
+// once per accepted connection.
+func blackhole(t *testing.T) (string, <-chan struct{}) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	accepted := make(chan struct{}, 100)
+	var (
+		mu    sync.Mutex
+		conns []net.Conn
+		done  = make(chan struct{})
+	)
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			select {
+			case accepted <- struct{}{}:
+			default:
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		<-done
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	return ln.Addr().String(), accepted
+}
+
+// While the first Subscribe dials the listen session (to a server that
+// does not answer), a TryAcquire of the same Backend and another Subscribe
+// return within their own contexts.
+func TestListenDialDoesNotHoldUpOthers(t *testing.T) {
+	ctx := locktest.Ctx(t, time.Minute)
+	addr, accepted := blackhole(t)
+	lc, err := pgx.ParseConfig("postgres://postgres@" + addr + "/postgres?sslmode=disable")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := newBackend(t, pglock.WithListenConfig(lc))
+	key := locktest.Key(t)
+	r := dlock.Request{Key: key, Token: "a", TTL: time.Minute}
+	granted(t, ctx, b, r) // the schema is set up
+
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	first := make(chan error, 1)
+	go func() {
+		_, _, err := b.Subscribe(sctx, key)
+		first <- err
+	}()
+	select {
+	case <-accepted: // the first Subscribe is dialing
+	case err := <-first:
+		t.Fatalf("Subscribe to a server that does not answer returned: %v", err)
+	}
+	short := func(f func(context.Context) error) func() error {
+		return func() error {
+			c, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+			defer cancel()
+			return f(c)
+		}
+	}
+	var g dlock.Grant
+	err = within(t, 10*time.Second, "TryAcquire", short(func(c context.Context) (err error) {
+		g, err = b.TryAcquire(c, dlock.Request{Key: key + "/free", Token: "b", TTL: time.Minute})
+		return err
+	}))
+	if err != nil || !g.OK {
+		t.Fatalf("TryAcquire of a free key while the listen session dials: got %+v, %v; want granted", g, err)
+	}
+	err = within(t, 10*time.Second, "Subscribe", short(func(c context.Context) error {
+		_, _, err := b.Subscribe(c, key)
+		return err
+	}))
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("second Subscribe while the first dials: got %v, want context.DeadlineExceeded", err)
+	}
+	cancel()
+	if err := <-first; !errors.Is(err, context.Canceled) {
+		t.Fatalf("first Subscribe: got %v, want context.Canceled", err)
 	}
 }
