@@ -29,7 +29,8 @@
 // FUNCTION; a role that does not own it gets an error saying so); clients
 // of that release keep working next to this one. Creation and upgrade are
 // serialized between concurrent backends by a transaction-scoped advisory
-// lock.
+// lock; within a Backend, one call sets up while the others wait for it
+// within their own contexts.
 //
 // # Statements
 //

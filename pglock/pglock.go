@@ -31,8 +31,8 @@ type Backend struct {
 	err   error
 	stmts statements
 
-	setupMu sync.Mutex
-	ready   bool // the schema was created or checked
+	setupSlot chan struct{} // holds one value while a call sets the schema up
+	ready     atomic.Bool   // the schema was created or checked
 
 	closed atomic.Bool
 	quit   chan struct{} // closed by Close: ends the sweeper and the listener
@@ -96,7 +96,7 @@ var errClosed = fmt.Errorf("pglock: %w", dlock.ErrClosed)
 // statements do not survive such a proxy). Release notifications need one
 // session of their own: see WithListenConfig and WithoutListen.
 func New(pool *pgxpool.Pool, opts ...Option) *Backend {
-	b := &Backend{pool: pool, cfg: defaultConfig(), quit: make(chan struct{})}
+	b := &Backend{pool: pool, cfg: defaultConfig(), quit: make(chan struct{}), setupSlot: make(chan struct{}, 1)}
 	if pool == nil {
 		b.err = fmt.Errorf("pglock: %w: nil pool", dlock.ErrInvalidOption)
 		return b

@@ -667,3 +667,45 @@ func TestListenDialDoesNotHoldUpOthers(t *testing.T) {
 		t.Fatalf("first Subscribe: got %v, want context.Canceled", err)
 	}
 }
+
+// While the first call sets the schema up (on a server that does not
+// answer), another call returns when its own context ends.
+func TestSetupWaitHonoursContext(t *testing.T) {
+	ctx := locktest.Ctx(t, time.Minute)
+	addr, accepted := blackhole(t)
+	cfg, err := pgxpool.ParseConfig("postgres://postgres@" + addr + "/postgres?sslmode=disable")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	b := locktest.Closing(t, pglock.New(pool, pglock.WithoutListen()))
+	fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	first := make(chan error, 1)
+	go func() {
+		_, err := b.Inspect(fctx, "x")
+		first <- err
+	}()
+	select {
+	case <-accepted: // the first call is setting up
+	case err := <-first:
+		t.Fatalf("Inspect on a server that does not answer returned: %v", err)
+	}
+	err = within(t, 10*time.Second, "TryAcquire", func() error {
+		c, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		defer cancel()
+		_, err := b.TryAcquire(c, dlock.Request{Key: "k", Token: "t", TTL: time.Second})
+		return err
+	})
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("TryAcquire while another call sets up: got %v, want context.DeadlineExceeded", err)
+	}
+	cancel()
+	if err := <-first; !errors.Is(err, context.Canceled) {
+		t.Fatalf("first call: got %v, want context.Canceled", err)
+	}
+}

@@ -100,10 +100,19 @@ const sqlPrivileges = `SELECT has_schema_privilege(current_user, $1, 'USAGE')
 
 // setup creates the schema if it does not exist, then checks that it is
 // ours, has the expected shape and that the current role may use it.
+// One call at a time sets up; the others wait for it within their own
+// contexts.
 func (b *Backend) setup(ctx context.Context) error {
-	b.setupMu.Lock()
-	defer b.setupMu.Unlock()
-	if b.ready {
+	if b.ready.Load() {
+		return nil
+	}
+	select {
+	case b.setupSlot <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("pglock: set up schema %q: %w", b.cfg.schema, ctx.Err())
+	}
+	defer func() { <-b.setupSlot }()
+	if b.ready.Load() {
 		return nil
 	}
 	s := b.cfg.schema
@@ -163,6 +172,6 @@ func (b *Backend) setup(ctx context.Context) error {
 	if !ok {
 		return fmt.Errorf("pglock: role %q lacks privileges on schema %q: it needs USAGE on the schema and the sequence fence, SELECT, INSERT, UPDATE, DELETE on tables locks and waiters, and EXECUTE on function wake(text)", role, s)
 	}
-	b.ready = true
+	b.ready.Store(true)
 	return nil
 }
