@@ -73,7 +73,10 @@
 //     the last hold frees the row (empty token, expires now()) and, in the
 //     same statement, when the row's wake_until has not passed, calls
 //     wake, which notifies the oldest live waiter of the key. No match:
-//     dlock.ErrNotHeld, nothing changed. A release with no waiter about
+//     dlock.ErrNotHeld, nothing changed; but a run after one that may
+//     have reached the server (its connection broke after sending) and
+//     that finds no match returns nil: the earlier run freed the lock,
+//     and its reply was lost. A release with no waiter about
 //     is one row update: it does not read the waiters table (a subquery
 //     on it, even one never run, costs a release about a quarter of its
 //     time).

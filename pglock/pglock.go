@@ -377,24 +377,36 @@ func (b *Backend) RefreshMany(ctx context.Context, rs []dlock.Request) []error {
 // Release gives up one hold of r.Token (and r.Fence, when set). The last
 // hold frees the lock and wakes the oldest live waiter, in the same
 // statement. When the token does not hold the lock unexpired it returns
-// an error matching dlock.ErrNotHeld and changes nothing.
+// an error matching dlock.ErrNotHeld and changes nothing; a run after
+// one whose reply was lost that finds the lock free returns nil.
 func (b *Backend) Release(ctx context.Context, r dlock.Request) error {
 	if err := b.enter(ctx); err != nil {
 		return err
 	}
-	var state int
+	var (
+		state int
+		// ran reports whether a failed run may have reached the server
+		// (pgconn.SafeToRetry says it did not), and so freed the lock.
+		ran bool
+	)
 	release := func() error {
-		return b.pool.QueryRow(ctx, b.stmts.release[b2i(r.Fence != 0)], r.Key, r.Token, int64(r.Fence)).Scan(&state)
+		err := b.pool.QueryRow(ctx, b.stmts.release[b2i(r.Fence != 0)], r.Key, r.Token, int64(r.Fence)).Scan(&state)
+		ran = ran || (err != nil && !errors.Is(err, pgx.ErrNoRows) && !pgconn.SafeToRetry(err))
+		return err
 	}
 	var err error
 	if r.Reentrant {
 		err = release() // not repeated: a reentrant count could drop twice
 	} else {
 		// A token of its own holds once: repeating the release can only
-		// find the lock already freed by an earlier run (ErrNotHeld).
+		// find the lock already freed by an earlier run, whose reply was
+		// lost: the release happened.
 		err = b.retry(ctx, release)
 	}
 	switch {
+	case errors.Is(err, pgx.ErrNoRows) && ran:
+		b.freed.forget(r.Key)
+		return nil
 	case errors.Is(err, pgx.ErrNoRows):
 		return fmt.Errorf("pglock: release: %w", dlock.ErrNotHeld)
 	case err != nil:

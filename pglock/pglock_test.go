@@ -1,6 +1,7 @@
 package pglock_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -707,5 +708,86 @@ func TestSetupWaitHonoursContext(t *testing.T) {
 	cancel()
 	if err := <-first; !errors.Is(err, context.Canceled) {
 		t.Fatalf("first call: got %v, want context.Canceled", err)
+	}
+}
+
+// dropProxy forwards to the test server; while armed > 0, a server reply
+// chunk containing match is swallowed and both connections closed (the
+// statement committed, its reply lost).
+type dropProxy struct {
+	*locktest.Proxy
+	armed atomic.Int32
+	drops atomic.Int32
+	match []byte
+}
+
+func newDropProxy(t *testing.T, match string) *dropProxy {
+	d := &dropProxy{match: []byte(match)}
+	copyTo := func(dst, src net.Conn, drop bool) func() {
+		return func() {
+			buf := make([]byte, 64<<10)
+			for {
+				n, err := src.Read(buf)
+				if n > 0 {
+					if drop && d.armed.Load() > 0 && bytes.Contains(buf[:n], d.match) {
+						d.armed.Add(-1)
+						d.drops.Add(1)
+						return // closes both
+					}
+					if _, werr := dst.Write(buf[:n]); werr != nil {
+						return
+					}
+				}
+				if err != nil {
+					return
+				}
+			}
+		}
+	}
+	d.Proxy = locktest.StartProxy(t, srv.Addr(), nil, func(c, s net.Conn) (func(), func()) {
+		return copyTo(s, c, false), copyTo(c, s, true)
+	})
+	return d
+}
+
+// poolVia returns a pool of maxConns connections through addr.
+func poolVia(t *testing.T, addr string, maxConns int) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig("postgres://postgres@" + addr + "/postgres?sslmode=disable&default_query_exec_mode=exec")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = int32(maxConns)
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// A release whose reply is lost (the statement committed, then the
+// connection broke) is run again; the second run finds the lock freed and
+// reports success, not ErrNotHeld: the Client would take that for a lost
+// lease.
+func TestReleaseLostReply(t *testing.T) {
+	ctx := locktest.Ctx(t, time.Minute)
+	p := newDropProxy(t, "UPDATE 1\x00")
+	b := locktest.Closing(t, pglock.New(poolVia(t, p.Addr(), 2), pglock.WithoutListen()))
+	r := dlock.Request{Key: locktest.Key(t), Token: "a", TTL: time.Minute}
+	r.Fence = granted(t, ctx, b, r).Fence
+	p.armed.Store(1)
+	if err := b.Release(ctx, r); err != nil {
+		t.Fatalf("Release whose first reply was lost: %v", err)
+	}
+	if n := p.drops.Load(); n != 1 {
+		t.Fatalf("replies dropped: %d, want 1", n)
+	}
+	if info, err := b.Inspect(ctx, r.Key); err != nil || info.Held {
+		t.Fatalf("Inspect after the release: got %+v, %v; want free", info, err)
+	}
+	// With no run lost, a release of a lock not held still reports it.
+	if err := b.Release(ctx, r); !errors.Is(err, dlock.ErrNotHeld) {
+		t.Fatalf("second Release: got %v, want ErrNotHeld", err)
 	}
 }
