@@ -87,10 +87,11 @@
 // parameter tested in SQL would have it planned on every execution, at
 // several times the cost of the execution.
 //
-// A TryAcquire whose context ends while the statement runs may still
-// commit a grant. For a request with a token of its own (not Reentrant)
-// the backend then frees that token's lock, with a fresh one-second
-// context; a grant committed after that clean-up expires at its TTL. A
+// A TryAcquire whose context ends while the statement runs, or whose
+// last run lost its connection, may still have committed a grant. For a
+// request with a token of its own (not Reentrant) the backend then frees
+// that token's lock, with a fresh one-second context, before it returns
+// the error; a grant committed after that clean-up expires at its TTL. A
 // hold count raised by a re-entry whose reply was lost lives only as long
 // as the row's deadline: once no hold is renewed, the row expires at most
 // one TTL after the last renewal and the lock is free.

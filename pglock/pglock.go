@@ -260,7 +260,12 @@ func (b *Backend) TryAcquire(ctx context.Context, r dlock.Request) (dlock.Grant,
 	case errors.Is(err, pgx.ErrNoRows):
 		return dlock.Grant{}, nil
 	case err != nil:
-		if sent && ctx.Err() != nil && !r.Reentrant {
+		// The last run may have been granted before its reply was lost
+		// (the context ended, or the connection broke on every run):
+		// give that grant back. An error the server reported rolled the
+		// statement back.
+		var pe *pgconn.PgError
+		if sent && !r.Reentrant && !errors.As(err, &pe) {
 			b.abandon(ctx, r)
 		}
 		return dlock.Grant{}, wrap("acquire", err)

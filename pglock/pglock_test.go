@@ -791,3 +791,28 @@ func TestReleaseLostReply(t *testing.T) {
 		t.Fatalf("second Release: got %v, want ErrNotHeld", err)
 	}
 }
+
+// A TryAcquire whose every run loses its reply (each may have committed a
+// grant) fails, and gives back the grant of its last run as well as those
+// of the earlier ones: the key is left free, not held by nobody for a TTL.
+func TestAcquireLastLostReplyGivenBack(t *testing.T) {
+	ctx := locktest.Ctx(t, time.Minute)
+	p := newDropProxy(t, "INSERT 0 1\x00")
+	b := locktest.Closing(t, pglock.New(poolVia(t, p.Addr(), 2), pglock.WithoutListen()))
+	key := locktest.Key(t)
+	if _, err := b.Inspect(ctx, key); err != nil { // the schema is set up
+		t.Fatal(err)
+	}
+	p.armed.Store(100)
+	g, err := b.TryAcquire(ctx, dlock.Request{Key: key, Token: "a", TTL: time.Minute})
+	p.armed.Store(0)
+	if err == nil {
+		t.Fatalf("TryAcquire whose every reply was lost: got %+v, want an error", g)
+	}
+	if n := p.drops.Load(); n != 3 { // the pool's 2 connections + 1
+		t.Fatalf("replies dropped: %d, want 3", n)
+	}
+	if info, err := b.Inspect(ctx, key); err != nil || info.Held {
+		t.Fatalf("Inspect after the failed TryAcquire: got %+v, %v; want free", info, err)
+	}
+}
