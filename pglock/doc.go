@@ -121,7 +121,10 @@
 // When the protected data lives in the same database, Guard checks the
 // lease's row inside the writer's transaction and locks it FOR SHARE until
 // the transaction ends: the write commits only while the lease holds the
-// lock (see the fenced-write example).
+// lock (see the fenced-write example). Inside that transaction now() is
+// the transaction's start, so Guard compares the deadline with
+// clock_timestamp() instead: the time the row is checked, after any wait
+// for a lock on it.
 //
 // # Waiting
 //

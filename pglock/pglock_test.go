@@ -816,3 +816,29 @@ func TestAcquireLastLostReplyGivenBack(t *testing.T) {
 		t.Fatalf("Inspect after the failed TryAcquire: got %+v, %v; want free", info, err)
 	}
 }
+
+// Guard compares the lease's deadline with the time it runs, not with the
+// start of the writer's transaction (now()): a lease that expired after
+// the transaction began is refused.
+func TestGuardExpiredInTransaction(t *testing.T) {
+	ctx := locktest.Ctx(t, time.Minute)
+	b := newBackend(t, pglock.WithoutListen())
+	c := dlock.New(b, dlock.WithTTL(300*time.Millisecond), dlock.WithAutoRenew(false))
+	defer c.Close()
+	l := locktest.MustAcquire(t, ctx, c, locktest.Key(t))
+	tx, err := newPool(t).Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := tx.Exec(ctx, "SELECT 1"); err != nil { // the transaction has begun
+		t.Fatal(err)
+	}
+	locktest.WaitFor(t, 10*time.Second, "the lease expires on the server", func() bool {
+		info, err := b.Inspect(ctx, l.Key())
+		return err == nil && !info.Held
+	})
+	if err := b.Guard(ctx, tx, l); !errors.Is(err, dlock.ErrLost) {
+		t.Fatalf("Guard of a lease that expired after the transaction began: got %v, want ErrLost", err)
+	}
+}

@@ -145,8 +145,13 @@ WHERE key = $1 AND NOT (channel = $2 AND tag = $3) AND expires > now()
 ORDER BY id LIMIT 1`
 
 	// $1 key, $2 token, $3 fence: a row while held, locked FOR SHARE
-	// until the transaction ends.
-	sqlGuard = `SELECT 1 FROM {s}.locks WHERE key = $1 AND token = $2 AND fence = $3::bigint AND expires > now() FOR SHARE`
+	// until the transaction ends. It runs inside the writer's transaction,
+	// where now() is the transaction's start: the deadline is compared
+	// with clock_timestamp(), the time the row is checked, which is also
+	// after any wait for a row lock (the row is checked again then).
+	// statement_timestamp() would be the statement's start, before such a
+	// wait.
+	sqlGuard = `SELECT 1 FROM {s}.locks WHERE key = $1 AND token = $2 AND fence = $3::bigint AND expires > clock_timestamp() FOR SHARE`
 
 	// $1 key, $2 the TTL in ms, $3 token, $4 the TTL in µs: one row, the
 	// fence (0: not granted), the server process, the settings made, and
