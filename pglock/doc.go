@@ -235,7 +235,11 @@
 // The lock ends with the session or with its row. The session ends on
 // release, when the connection drops, when an administrator ends it, and
 // when it sits idle for the lease's TTL (the grant sets the session's
-// idle_session_timeout to the TTL; each renewal resets it). A renewal
+// idle_session_timeout to the TTL; each renewal resets it). The session
+// mode therefore needs PostgreSQL 14 or later, and a TTL of at most
+// MaxSessionTTL (2^31-1 ms, about 24.9 days, the setting's largest
+// value): SessionBackend.MaxTTL reports it (dlock.TTLLimiter), and a
+// longer TTL is refused with an error matching dlock.ErrInvalidTTL. A renewal
 // that does not succeed within the TTL after the last success closes the
 // connection. A session the server ended is reported at once through
 // dlock.LossNotifier, at the renewal that finds it; a renewal that timed

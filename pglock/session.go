@@ -20,9 +20,11 @@ import (
 // advisory lock, on a pooled connection it keeps for as long as the lock
 // is held, and a row recording the grant's deadline: when the connection
 // drops, the holder learns of the loss, and no one else is granted the
-// lock before that deadline (a lock-delay). Create it with NewSession. It implements dlock.Backend, dlock.Notifier,
-// dlock.LossNotifier, dlock.Inspector, dlock.ForceReleaser and MinTTL
-// (dlock.TTLFloor).
+// lock before that deadline (a lock-delay). Create it with NewSession.
+// It implements dlock.Backend, dlock.Notifier, dlock.LossNotifier,
+// dlock.Inspector, dlock.ForceReleaser, MinTTL (dlock.TTLFloor) and
+// MaxTTL (dlock.TTLLimiter). It needs PostgreSQL 14 or later
+// (idle_session_timeout).
 type SessionBackend struct {
 	b *Backend // schema, fence sequence, waiters and listener
 
@@ -101,6 +103,23 @@ func (s *SessionBackend) Err() error { return s.b.err }
 // checks that the session is alive).
 func (s *SessionBackend) MinTTL() time.Duration { return MinTTL }
 
+// MaxSessionTTL is the longest TTL the session mode accepts (and reports
+// through SessionBackend.MaxTTL): the largest idle_session_timeout, 2^31-1
+// milliseconds (about 24.9 days).
+const MaxSessionTTL = (1<<31 - 1) * time.Millisecond
+
+// MaxTTL returns MaxSessionTTL (dlock.TTLLimiter): the session's idle
+// timeout is set to the TTL, and cannot be longer.
+func (s *SessionBackend) MaxTTL() time.Duration { return MaxSessionTTL }
+
+// checkSessionTTL is checkTTL with the session mode's maximum.
+func checkSessionTTL(ttl time.Duration) error {
+	if ttl > MaxSessionTTL {
+		return fmt.Errorf("pglock: %w: %v is above the session mode's maximum %v (idle_session_timeout, which the session is given as its TTL, is at most 2^31-1 ms)", dlock.ErrInvalidTTL, ttl, MaxSessionTTL)
+	}
+	return checkTTL(ttl)
+}
+
 // TryAcquire makes one attempt, one statement on a connection of its
 // own: pg_try_advisory_lock, then, if the key's row is free, the row
 // taken with a fence drawn from the sequence and expires now() + r.TTL.
@@ -114,7 +133,7 @@ func (s *SessionBackend) TryAcquire(ctx context.Context, r dlock.Request) (dlock
 	if err := s.b.enter(ctx); err != nil {
 		return dlock.Grant{}, err
 	}
-	if err := checkTTL(r.TTL); err != nil {
+	if err := checkSessionTTL(r.TTL); err != nil {
 		return dlock.Grant{}, err
 	}
 	s.mu.Lock()
@@ -222,7 +241,7 @@ func (s *SessionBackend) Refresh(ctx context.Context, r dlock.Request) error {
 	if err := s.b.enter(ctx); err != nil {
 		return err
 	}
-	if err := checkTTL(r.TTL); err != nil {
+	if err := checkSessionTTL(r.TTL); err != nil {
 		return err
 	}
 	h, err := s.hold("refresh", r)

@@ -21,6 +21,7 @@ var _ interface {
 	dlock.Inspector
 	dlock.ForceReleaser
 	dlock.TTLFloor
+	dlock.TTLLimiter
 } = (*pglock.SessionBackend)(nil)
 
 // A session terminated by the server frees the lock at once and the
@@ -381,5 +382,41 @@ func TestSessionCallsHonourContext(t *testing.T) {
 	})
 	if err := s.Release(ctx, r); !errors.Is(err, dlock.ErrNotHeld) {
 		t.Fatalf("second Release: got %v, want ErrNotHeld", err)
+	}
+}
+
+// The session mode's TTL is the session's idle_session_timeout, at most
+// 2^31-1 ms: MaxTTL reports it (dlock.TTLLimiter), a TTL up to it is
+// granted, and a longer one is refused with ErrInvalidTTL, also through a
+// Client, before any statement.
+func TestSessionMaxTTL(t *testing.T) {
+	ctx := locktest.Ctx(t, time.Minute)
+	s := newSession(t)
+	const max = (1<<31 - 1) * time.Millisecond
+	lim, ok := any(s).(dlock.TTLLimiter)
+	if !ok || lim.MaxTTL() != max {
+		t.Fatalf("SessionBackend as a dlock.TTLLimiter: %v; want MaxTTL %v", ok, max)
+	}
+	r := dlock.Request{Key: locktest.Key(t), Token: "a", TTL: max}
+	r.Fence = granted(t, ctx, s, r).Fence
+	if err := s.Refresh(ctx, r); err != nil {
+		t.Fatalf("Refresh with the largest TTL: %v", err)
+	}
+	if err := s.Release(ctx, r); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	for _, ttl := range []time.Duration{max + time.Millisecond, 25 * 24 * time.Hour} {
+		g, err := s.TryAcquire(ctx, dlock.Request{Key: r.Key, Token: "b", TTL: ttl})
+		if !errors.Is(err, dlock.ErrInvalidTTL) {
+			t.Fatalf("TryAcquire with TTL %v: got %+v, %v; want ErrInvalidTTL", ttl, g, err)
+		}
+	}
+	c := dlock.New(s, dlock.WithTTL(25*24*time.Hour))
+	defer c.Close()
+	if l, err := c.Acquire(ctx, r.Key); !errors.Is(err, dlock.ErrInvalidTTL) {
+		if l != nil {
+			l.Release(ctx)
+		}
+		t.Fatalf("Client.Acquire with TTL 25 days: got %v; want ErrInvalidTTL", err)
 	}
 }
