@@ -32,6 +32,11 @@
 // lock; within a Backend, one call sets up while the others wait for it
 // within their own contexts.
 //
+// Keys are stored as text, which holds neither NUL bytes nor invalid
+// UTF-8: such a key (dlock.ValidateKey accepts both) is refused before any
+// statement with an error matching dlock.ErrInvalidKey that names the
+// problem.
+//
 // # Statements
 //
 // Every operation is one statement in its own transaction (a TryAcquire at

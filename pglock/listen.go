@@ -60,7 +60,7 @@ func (l *listener) waiting(key string) bool {
 // once the LISTEN session is active and the waiter's row is committed.
 // With WithoutListen it returns an error matching errors.ErrUnsupported.
 func (b *Backend) Subscribe(ctx context.Context, key string) (<-chan struct{}, func(), error) {
-	if err := b.enter(ctx); err != nil {
+	if err := b.enterKey(ctx, key); err != nil {
 		return nil, nil, err
 	}
 	l := b.lis

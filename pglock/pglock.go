@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -147,6 +149,43 @@ func (b *Backend) enter(ctx context.Context) error {
 	return nil
 }
 
+// enterKey is enter for a call on key, which it checks first (checkKey).
+func (b *Backend) enterKey(ctx context.Context, key string) error {
+	if err := checkKey(key); err != nil {
+		return err
+	}
+	return b.enter(ctx)
+}
+
+// checkKey refuses a key that a PostgreSQL text value cannot hold: one
+// with a NUL byte, or that is not valid UTF-8 (dlock.ValidateKey accepts
+// both).
+func checkKey(key string) error {
+	if i := strings.IndexByte(key, 0); i >= 0 {
+		return fmt.Errorf("pglock: %w: key %q has a NUL byte at offset %d, which PostgreSQL text cannot hold", dlock.ErrInvalidKey, shortKey(key), i)
+	}
+	if !utf8.ValidString(key) {
+		i := 0
+		for i < len(key) {
+			r, n := utf8.DecodeRuneInString(key[i:])
+			if r == utf8.RuneError && n == 1 {
+				break
+			}
+			i += n
+		}
+		return fmt.Errorf("pglock: %w: key %q is not valid UTF-8 (at offset %d), which PostgreSQL text requires", dlock.ErrInvalidKey, shortKey(key), i)
+	}
+	return nil
+}
+
+// shortKey is key cut to 64 bytes for an error message.
+func shortKey(key string) string {
+	if len(key) > 64 {
+		return key[:64] + "..."
+	}
+	return key
+}
+
 func checkTTL(ttl time.Duration) error {
 	if ttl < MinTTL {
 		return fmt.Errorf("pglock: %w: %v is below the minimum %v", dlock.ErrInvalidTTL, ttl, MinTTL)
@@ -198,7 +237,7 @@ func wrap(op string, err error) error {
 // with the holder's remaining TTL when a waiter of this Backend is
 // subscribed to r.Key (0, unknown, otherwise).
 func (b *Backend) TryAcquire(ctx context.Context, r dlock.Request) (dlock.Grant, error) {
-	if err := b.enter(ctx); err != nil {
+	if err := b.enterKey(ctx, r.Key); err != nil {
 		return dlock.Grant{}, err
 	}
 	if err := checkTTL(r.TTL); err != nil {
@@ -296,7 +335,7 @@ func (b *Backend) abandon(ctx context.Context, r dlock.Request) {
 // r.Token (and r.Fence, when set) still holds it unexpired; otherwise it
 // returns an error matching dlock.ErrNotHeld and changes nothing.
 func (b *Backend) Refresh(ctx context.Context, r dlock.Request) error {
-	if err := b.enter(ctx); err != nil {
+	if err := b.enterKey(ctx, r.Key); err != nil {
 		return err
 	}
 	if err := checkTTL(r.TTL); err != nil {
@@ -321,8 +360,8 @@ func (b *Backend) Refresh(ctx context.Context, r dlock.Request) error {
 // one entry per request: nil, an error matching dlock.ErrNotHeld, or the
 // statement's error.
 func (b *Backend) RefreshMany(ctx context.Context, rs []dlock.Request) []error {
-	if err := b.enter(ctx); err != nil {
-		return slices.Repeat([]error{err}, len(rs))
+	if b.err != nil || b.closed.Load() {
+		return slices.Repeat([]error{b.enter(ctx)}, len(rs))
 	}
 	errs := make([]error, len(rs))
 	var (
@@ -333,6 +372,10 @@ func (b *Backend) RefreshMany(ctx context.Context, rs []dlock.Request) []error {
 		single       []int
 	)
 	for i, r := range rs {
+		if err := checkKey(r.Key); err != nil {
+			errs[i] = err
+			continue
+		}
 		if err := checkTTL(r.TTL); err != nil {
 			errs[i] = err
 			continue
@@ -347,6 +390,13 @@ func (b *Backend) RefreshMany(ctx context.Context, rs []dlock.Request) []error {
 		index = append(index, i)
 	}
 	if len(index) > 0 {
+		// Set up only for requests that passed the checks.
+		if err := b.enter(ctx); err != nil {
+			for _, i := range slices.Concat(index, single) {
+				errs[i] = err
+			}
+			return errs
+		}
 		var held []int64
 		err := b.retry(ctx, func() error {
 			rows, err := b.pool.Query(ctx, b.stmts.refreshMany, keys, tokens, fences, ttls)
@@ -385,7 +435,7 @@ func (b *Backend) RefreshMany(ctx context.Context, rs []dlock.Request) []error {
 // an error matching dlock.ErrNotHeld and changes nothing; a run after
 // one whose reply was lost that finds the lock free returns nil.
 func (b *Backend) Release(ctx context.Context, r dlock.Request) error {
-	if err := b.enter(ctx); err != nil {
+	if err := b.enterKey(ctx, r.Key); err != nil {
 		return err
 	}
 	var (
@@ -427,7 +477,7 @@ func (b *Backend) Release(ctx context.Context, r dlock.Request) error {
 // Inspect returns the lock's state as the server sees it: holder, fence,
 // count, remaining TTL and the number of live waiters.
 func (b *Backend) Inspect(ctx context.Context, key string) (dlock.Info, error) {
-	if err := b.enter(ctx); err != nil {
+	if err := b.enterKey(ctx, key); err != nil {
 		return dlock.Info{}, err
 	}
 	var (
@@ -455,7 +505,7 @@ func (b *Backend) Inspect(ctx context.Context, key string) (dlock.Info, error) {
 // waiter. It returns what was removed (Held false when there was no live
 // lock).
 func (b *Backend) ForceRelease(ctx context.Context, key string) (dlock.Info, error) {
-	if err := b.enter(ctx); err != nil {
+	if err := b.enterKey(ctx, key); err != nil {
 		return dlock.Info{}, err
 	}
 	var (

@@ -842,3 +842,65 @@ func TestGuardExpiredInTransaction(t *testing.T) {
 		t.Fatalf("Guard of a lease that expired after the transaction began: got %v, want ErrLost", err)
 	}
 }
+
+// Keys that dlock.ValidateKey accepts but PostgreSQL text cannot hold (a
+// NUL byte, invalid UTF-8) are refused with ErrInvalidKey, naming the
+// problem, before any statement: here the server never answers.
+func TestKeyNotText(t *testing.T) {
+	ctx := locktest.Ctx(t, time.Minute)
+	addr, _ := blackhole(t)
+	cfg, err := pgxpool.ParseConfig("postgres://postgres@" + addr + "/postgres?sslmode=disable")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	b := locktest.Closing(t, pglock.New(pool))
+	s := locktest.Closing(t, pglock.NewSession(pool))
+	for key, problem := range map[string]string{"a\x00b": "NUL byte", "ab\xff\xfe": "not valid UTF-8"} {
+		if err := dlock.ValidateKey(key); err != nil {
+			t.Fatalf("ValidateKey(%q): %v", key, err)
+		}
+		r := dlock.Request{Key: key, Token: "t", TTL: time.Second}
+		type backend interface {
+			dlock.Backend
+			dlock.Inspector
+			dlock.ForceReleaser
+			dlock.Notifier
+		}
+		for name, be := range map[string]backend{"lease": b, "session": s} {
+			calls := map[string]func(context.Context) error{
+				"TryAcquire":   func(c context.Context) error { _, err := be.TryAcquire(c, r); return err },
+				"Refresh":      func(c context.Context) error { return be.Refresh(c, r) },
+				"Release":      func(c context.Context) error { return be.Release(c, r) },
+				"Inspect":      func(c context.Context) error { _, err := be.Inspect(c, key); return err },
+				"ForceRelease": func(c context.Context) error { _, err := be.ForceRelease(c, key); return err },
+				"Subscribe":    func(c context.Context) error { _, _, err := be.Subscribe(c, key); return err },
+			}
+			if name == "lease" {
+				calls["RefreshMany"] = func(c context.Context) error { return b.RefreshMany(c, []dlock.Request{r})[0] }
+			}
+			for op, call := range calls {
+				err := within(t, 10*time.Second, op, func() error {
+					c, cancel := context.WithTimeout(ctx, 5*time.Second)
+					defer cancel()
+					return call(c)
+				})
+				if !errors.Is(err, dlock.ErrInvalidKey) || !strings.Contains(err.Error(), problem) {
+					t.Errorf("%s %s(%q): got %v; want ErrInvalidKey saying %q", name, op, key, err, problem)
+				}
+			}
+		}
+		// Through a Client, on a server that answers.
+		c, _ := newClient(t)
+		if l, err := c.Acquire(ctx, key); !errors.Is(err, dlock.ErrInvalidKey) {
+			if l != nil {
+				l.Release(ctx)
+			}
+			t.Errorf("Client.Acquire(%q): got %v; want ErrInvalidKey", key, err)
+		}
+	}
+}

@@ -130,7 +130,7 @@ func checkSessionTTL(ttl time.Duration) error {
 // Grant{OK: false}, with the row's remaining TTL when a waiter of this
 // SessionBackend is subscribed to r.Key (0, unknown, otherwise).
 func (s *SessionBackend) TryAcquire(ctx context.Context, r dlock.Request) (dlock.Grant, error) {
-	if err := s.b.enter(ctx); err != nil {
+	if err := s.b.enterKey(ctx, r.Key); err != nil {
 		return dlock.Grant{}, err
 	}
 	if err := checkSessionTTL(r.TTL); err != nil {
@@ -238,7 +238,7 @@ func (s *SessionBackend) hold(op string, r dlock.Request) (*session, error) {
 // changed server process, or a row no longer the grant's, with an error
 // matching dlock.ErrNotHeld.
 func (s *SessionBackend) Refresh(ctx context.Context, r dlock.Request) error {
-	if err := s.b.enter(ctx); err != nil {
+	if err := s.b.enterKey(ctx, r.Key); err != nil {
 		return err
 	}
 	if err := checkSessionTTL(r.TTL); err != nil {
@@ -344,7 +344,7 @@ func idleTimeout(ttl time.Duration) string {
 // finishes in the background (see "Session mode" in the package
 // documentation).
 func (s *SessionBackend) Release(ctx context.Context, r dlock.Request) error {
-	if err := s.b.enter(ctx); err != nil {
+	if err := s.b.enterKey(ctx, r.Key); err != nil {
 		return err
 	}
 	s.mu.Lock()
@@ -571,7 +571,7 @@ func (s *SessionBackend) unregister(h *session) {
 // name's 63 bytes allow is cut, TTL 0); the hold count when the lock is
 // held through this SessionBackend; and the number of live waiters.
 func (s *SessionBackend) Inspect(ctx context.Context, key string) (dlock.Info, error) {
-	if err := s.b.enter(ctx); err != nil {
+	if err := s.b.enterKey(ctx, key); err != nil {
 		return dlock.Info{}, err
 	}
 	var (
