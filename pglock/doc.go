@@ -258,6 +258,8 @@
 // caller whose context ends returns while it goes on; cutting it short
 // would close the connection and end the session), and a Refresh or
 // Release that finds the connection busy waits for it within its context.
+// RefreshMany renews each hold as Refresh does, all at once, so that a
+// renewal held up on one session does not hold up another's.
 // A Release whose context ends first returns the context's error and
 // finishes in the background: it waits up to a second more for the
 // statement, then ends the holder's session from another connection

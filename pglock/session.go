@@ -22,8 +22,8 @@ import (
 // drops, the holder learns of the loss, and no one else is granted the
 // lock before that deadline (a lock-delay). Create it with NewSession.
 // It implements dlock.Backend, dlock.Notifier, dlock.LossNotifier,
-// dlock.Inspector, dlock.ForceReleaser, MinTTL (dlock.TTLFloor) and
-// MaxTTL (dlock.TTLLimiter). It needs PostgreSQL 14 or later
+// dlock.Inspector, dlock.ForceReleaser, dlock.BatchRefresher, MinTTL
+// (dlock.TTLFloor) and MaxTTL (dlock.TTLLimiter). It needs PostgreSQL 14 or later
 // (idle_session_timeout).
 type SessionBackend struct {
 	b *Backend // schema, fence sequence, waiters and listener
@@ -249,6 +249,20 @@ func (s *SessionBackend) Refresh(ctx context.Context, r dlock.Request) error {
 		return err
 	}
 	return h.renew(ctx, s.b.stmts.sessionPing, r.TTL)
+}
+
+// RefreshMany refreshes every request as Refresh does, each on its own
+// hold's connection and all at once, so that a renewal held up on one
+// session does not hold up the others. The result has one entry per
+// request, as Refresh returns it.
+func (s *SessionBackend) RefreshMany(ctx context.Context, rs []dlock.Request) []error {
+	errs := make([]error, len(rs))
+	var wg sync.WaitGroup
+	for i, r := range rs {
+		wg.Go(func() { errs[i] = s.Refresh(ctx, r) })
+	}
+	wg.Wait()
+	return errs
 }
 
 // renew runs one renewal with a TTL of at least ttl, starting after the

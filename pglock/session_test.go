@@ -22,6 +22,7 @@ var _ interface {
 	dlock.ForceReleaser
 	dlock.TTLFloor
 	dlock.TTLLimiter
+	dlock.BatchRefresher
 } = (*pglock.SessionBackend)(nil)
 
 // A session terminated by the server frees the lock at once and the
@@ -418,5 +419,55 @@ func TestSessionMaxTTL(t *testing.T) {
 			l.Release(ctx)
 		}
 		t.Fatalf("Client.Acquire with TTL 25 days: got %v; want ErrInvalidTTL", err)
+	}
+}
+
+// RefreshMany renews each hold on its own session, all at once: a renewal
+// held up on one session (here by a row lock) does not hold up another,
+// through the backend or through a Client's watchdog.
+func TestSessionRefreshManyIndependent(t *testing.T) {
+	ctx := locktest.Ctx(t, time.Minute)
+	s := newSession(t)
+	batch, ok := any(s).(dlock.BatchRefresher)
+	if !ok {
+		t.Fatal("SessionBackend is not a dlock.BatchRefresher")
+	}
+	key := locktest.Key(t)
+	stuck := dlock.Request{Key: key + "/stuck", Token: "a", TTL: time.Minute}
+	stuck.Fence = granted(t, ctx, s, stuck).Fence
+	healthy := dlock.Request{Key: key + "/healthy", Token: "b", TTL: time.Minute}
+	healthy.Fence = granted(t, ctx, s, healthy).Fence
+	rollback := lockRow(t, ctx, stuck.Key)
+	var errs []error
+	within(t, 10*time.Second, "RefreshMany", func() error {
+		c, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		defer cancel()
+		errs = batch.RefreshMany(c, []dlock.Request{stuck, healthy})
+		return nil
+	})
+	if !errors.Is(errs[0], context.DeadlineExceeded) || errs[1] != nil {
+		t.Fatalf("RefreshMany(held up, healthy): got %v; want [context.DeadlineExceeded, nil]", errs)
+	}
+	rollback()
+	for _, r := range []dlock.Request{stuck, healthy} {
+		if err := s.Release(ctx, r); err != nil {
+			t.Fatalf("Release(%s): %v", r.Key, err)
+		}
+	}
+
+	// Through a Client: lease b outlives several renewal periods while
+	// lease a's renewals are held up.
+	const ttl = 900 * time.Millisecond
+	c := dlock.New(s, dlock.WithTTL(ttl))
+	defer c.Close()
+	a := locktest.MustAcquire(t, ctx, c, key+"/a")
+	defer a.Release(context.Background())
+	b := locktest.MustAcquire(t, ctx, c, key+"/b")
+	defer b.Release(context.Background())
+	defer lockRow(t, ctx, key+"/a")()
+	select {
+	case <-b.Done():
+		t.Fatalf("lease b lost while only a's renewals were held up: %v", b.Err())
+	case <-time.After(4 * ttl):
 	}
 }
