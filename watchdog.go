@@ -15,12 +15,11 @@ import (
 // their next renewal, and the other leases ordered by expiry. Renewals
 // due within a short window are sent together in one batch (one round
 // trip per server with a BatchRefresher, else one call per lease, all at
-// once), on the timer's goroutine; a
-// lease is in at most one batch, and a batch in flight holds back no
-// other, so a renewal that hangs delays neither the renewals nor the
-// expiry of other leases. A batch's deadline is never past the earliest
-// expiry in it, so a backend that honours its context returns in time to
-// report a loss at Expires.
+// once), on the timer's goroutine. A lease is in at most one batch, and a
+// batch in flight holds back no other, so a renewal that hangs delays
+// neither the renewals nor the expiry of other leases. A batch's deadline
+// is never past the earliest expiry in it, so a backend that honours its
+// context returns in time to report a loss at Expires.
 //
 // A lease is renewed TTL/3 after the invoke time of its last successful
 // renewal, or up to TTL/6 earlier when it can join a batch. A failed
@@ -41,9 +40,8 @@ func (c *Client) track(l *Lease) {
 }
 
 // scheduleLocked sets the timer to the earliest thing due: an expiry or a
-// renewal. A timer that fires early (the
-// lease it was set for was released) finds nothing to do and reschedules.
-// c.mu must be held.
+// renewal. A timer that fires early (the lease it was set for was
+// released) finds nothing to do and reschedules. c.mu must be held.
 func (c *Client) scheduleLocked() {
 	var at time.Time
 	if c.expiry.Len() > 0 {
@@ -123,8 +121,8 @@ func (c *Client) tick() {
 }
 
 // renewBatch refreshes leases in one call (RefreshMany), or in one call
-// per lease run concurrently. The deadline is the shortest
-// TTL/3 in the batch, and never past the earliest expiry.
+// per lease run concurrently. The deadline is the shortest TTL/3 in the
+// batch, and never past the earliest expiry.
 func (c *Client) renewBatch(leases []*Lease) renewResult {
 	now := time.Now()
 	r := renewResult{leases: leases, reqs: make([]Request, len(leases)), invoke: now}
