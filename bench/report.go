@@ -471,60 +471,57 @@ func s2Targets(s2 *result) []target {
 	return ts
 }
 
-// s3Targets returns S3's rows: the FIFO mode's hand-offs, fairness,
-// requests and waits, and, for information, the notification mode.
+// s3Targets returns S3's rows: the hand-offs, fairness, requests, server
+// commands and waits of redislock with default options and with FIFO.
 func s3Targets(s3 *result) []target {
-	fifo := s3.measured("redislock-fifo")
 	var p *outcome
 	if s3 != nil {
 		p = s3.bestPeer(srvRedis, column{key: "handoffs/s"})
 	}
-	ts := s3FIFOTargets(s3, fifo, p)
-	if d := s3.measured("redislock"); d != nil {
-		// Information: the notification mode against the same bars.
-		h := d.value("handoffs/s")
-		fig := fmt.Sprintf("%s hand-offs/s, Jain %.3f, %.2f req/acq", num(h, 0), d.value("jain"), d.value("req/op"))
-		if p != nil {
-			fig += fmt.Sprintf(", %.2f× %s", h/p.value("handoffs/s"), p.s.name)
-		}
-		ts = append(ts, target{"S3 (for information, no target): dlock redislock in notification mode", fig, "—"})
-	}
-	return ts
+	ts := s3ModeTargets(s3, "redislock", "default options", p)
+	return append(ts, s3ModeTargets(s3, "redislock-fifo", "FIFO", p)...)
 }
 
-// s3FIFOTargets returns the five rows of S3's FIFO mode, fifo's outcome
-// against the best Redis peer p and the polling floor.
-func s3FIFOTargets(s3 *result, fifo, p *outcome) []target {
-	what1 := "S3: FIFO hand-offs/s ≥ 2× the best Redis peer"
-	what2 := "S3: FIFO hand-offs/s ≥ 2× the polling baseline (floor, 2 ms)"
-	what3 := "S3: Jain's index ≥ 0.99 in FIFO mode"
-	what4 := "S3: ≤ 4 client requests per acquisition, release included (FIFO)"
-	what5 := "S3: p99 wait ≤ 2× the ideal FIFO wait (16 × mean cycle)"
-	var ts []target
-	if fifo == nil {
-		reason := s3.why("redislock-fifo")
-		for _, w := range []string{what1, what2, what3, what4, what5} {
+// s3ModeTargets returns the six S3 rows of the redislock subject id, run
+// in mode, against the best Redis peer p and the polling floor.
+func s3ModeTargets(s3 *result, id, mode string, p *outcome) []target {
+	whats := []string{
+		"S3 (" + mode + "): hand-offs/s ≥ 2× the best Redis peer",
+		"S3 (" + mode + "): hand-offs/s ≥ 2× the polling baseline (floor, 2 ms)",
+		"S3 (" + mode + "): Jain's index ≥ 0.99",
+		"S3 (" + mode + "): ≤ 4 client requests per acquisition, release included",
+		"S3 (" + mode + "): ≤ 15 server commands per acquisition, release included",
+		"S3 (" + mode + "): p99 wait ≤ 2× the ideal FIFO wait (16 × mean cycle)",
+	}
+	o := s3.measured(id)
+	if o == nil {
+		reason := s3.why(id)
+		ts := make([]target, 0, len(whats))
+		for _, w := range whats {
 			ts = append(ts, notMeasuredTarget(w, reason))
 		}
 		return ts
 	}
-	h := fifo.value("handoffs/s")
+	var ts []target
+	h := o.value("handoffs/s")
 	if p != nil {
-		ts = append(ts, target{what1, fmt.Sprintf("%s/s = %.2f× %s (%s/s)", num(h, 0), h/p.value("handoffs/s"), p.s.name, num(p.value("handoffs/s"), 0)), verdict(h >= 2*p.value("handoffs/s"))})
+		ts = append(ts, target{whats[0], fmt.Sprintf("%s/s = %.2f× %s (%s/s)", num(h, 0), h/p.value("handoffs/s"), p.s.name, num(p.value("handoffs/s"), 0)), verdict(h >= 2*p.value("handoffs/s"))})
 	} else {
-		ts = append(ts, notMeasuredTarget(what1, "no Redis peer measured"))
+		ts = append(ts, notMeasuredTarget(whats[0], "no Redis peer measured"))
 	}
 	if fl := s3.measured("floor"); fl != nil {
-		ts = append(ts, target{what2, fmt.Sprintf("%s/s = %.2f× floor (%s/s)", num(h, 0), h/fl.value("handoffs/s"), num(fl.value("handoffs/s"), 0)), verdict(h >= 2*fl.value("handoffs/s"))})
+		ts = append(ts, target{whats[1], fmt.Sprintf("%s/s = %.2f× floor (%s/s)", num(h, 0), h/fl.value("handoffs/s"), num(fl.value("handoffs/s"), 0)), verdict(h >= 2*fl.value("handoffs/s"))})
 	} else {
-		ts = append(ts, notMeasuredTarget(what2, "floor not measured"))
+		ts = append(ts, notMeasuredTarget(whats[1], "floor not measured"))
 	}
-	j := fifo.value("jain")
-	ts = append(ts, target{what3, fmt.Sprintf("%.3f", j), verdict(j >= 0.99)})
-	q := fifo.value("req/op")
-	ts = append(ts, target{what4, fmt.Sprintf("%.2f", q), verdict(q <= 4)})
-	p99, ideal := fifo.value("p99 wait"), fifo.value("ideal wait")
-	return append(ts, target{what5, fmt.Sprintf("p99 %.1f ms, ideal %.1f ms (%.2f×)", p99, ideal, p99/ideal), verdict(p99 <= 2*ideal)})
+	j := o.value("jain")
+	ts = append(ts, target{whats[2], fmt.Sprintf("%.3f", j), verdict(j >= 0.99)})
+	q := o.value("req/op")
+	ts = append(ts, target{whats[3], fmt.Sprintf("%.2f", q), verdict(q <= 4)})
+	c := o.value("srv/op")
+	ts = append(ts, target{whats[4], fmt.Sprintf("%.2f", c), verdict(c <= 15)})
+	p99, ideal := o.value("p99 wait"), o.value("ideal wait")
+	return append(ts, target{whats[5], fmt.Sprintf("p99 %.1f ms, ideal %.1f ms (%.2f×)", p99, ideal, p99/ideal), verdict(p99 <= 2*ideal)})
 }
 
 // perDlockSubject returns the rows row makes of the outcome of every dlock

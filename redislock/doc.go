@@ -81,9 +81,11 @@
 //	                          0.97× over five bench runs at load 3–7
 //	                          (scripts that created lib.lua's functions
 //	                          on every call: median 0.77×, 0.59–1.09×,
-//	                          in runs alternating with them)
-//	S3, 16 clients, one key   default options: 4,866 hand-offs/s, 1.54×
-//	                          rueidislock (2.03× on a busier machine),
+//	                          in runs alternating with them); in the
+//	                          latest full run (load 0.2–1.5) 0.73× the
+//	                          floor, 0.89× the fenced floor
+//	S3, 16 clients, one key   default options: 3,450 hand-offs/s, 1.75×
+//	                          rueidislock (1.54–2.03× over earlier runs),
 //	                          Jain 1.000, 2.01 requests and 13.0 server
 //	                          commands per acquisition
 //	100,000 held locks        one key each, about 240 bytes of used_memory
