@@ -29,6 +29,7 @@ type Lease struct {
 	expires        time.Time
 	err            error // nil while held
 	releasing      bool
+	unannounced    bool // a re-entry not yet returned: a loss ends it unreported
 	done           chan struct{}
 	cancels        map[uint64]context.CancelCauseFunc
 	nextID         uint64
@@ -293,6 +294,19 @@ func (l *Lease) closeRelease(ctx context.Context) error {
 	l.releasing = true
 	lostErr := l.err
 	l.mu.Unlock()
+	if lostErr != nil || len(l.observers) == 0 {
+		return l.closeGiveBack(ctx, lostErr)
+	}
+	// A live lease ends here as by Release: observers see the release.
+	ctx = observe(ctx, l.observers, Event{Kind: EventReleaseStart, Key: l.req.Key, Lease: l})
+	err = l.closeGiveBack(ctx, nil)
+	observe(ctx, l.observers, Event{Kind: EventReleased, Key: l.req.Key, Lease: l, Err: err, Duration: time.Since(l.created)})
+	return err
+}
+
+// closeGiveBack is closeRelease once l is marked releasing; lostErr is the
+// cause l was lost with, if it was.
+func (l *Lease) closeGiveBack(ctx context.Context, lostErr error) error {
 	last := l.c.leaveGroup(l)
 	stop := l.keepLossWatch() // stopped once the lock is given back
 	defer stop()
@@ -472,6 +486,9 @@ func (l *Lease) end(err error, lost bool) bool {
 	stop := l.stopLoss
 	l.stopLoss = nil
 	maxTimer := l.maxTimer
+	if l.unannounced {
+		lost = false // the caller gets an error, not this lease
+	}
 	l.mu.Unlock()
 
 	if stop != nil {

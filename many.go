@@ -83,7 +83,7 @@ func (c *Client) AcquireMany(ctx context.Context, keys []string, opts ...Option)
 				ls = append(ls, l)
 			}
 		} else {
-			ls, err = c.acquireGroup(wctx, multi, g, cfg)
+			ls, err = c.acquireGroupObserved(wctx, multi, g, cfg)
 		}
 		for i, l := range ls {
 			held[g[i]] = l
@@ -155,8 +155,31 @@ func earliestExpiry(held map[string]*Lease) time.Time {
 	return t
 }
 
-// acquireGroup is acquireLoop for a group taken in one step.
-func (c *Client) acquireGroup(ctx context.Context, multi MultiAcquirer, keys []string, cfg config) ([]*Lease, error) {
+// acquireGroupObserved is acquireGroup reported to the observers as one
+// acquisition per key, as Acquire would report them.
+func (c *Client) acquireGroupObserved(ctx context.Context, multi MultiAcquirer, keys []string, cfg config) ([]*Lease, error) {
+	if len(cfg.observers) == 0 {
+		return c.acquireGroup(ctx, multi, keys, cfg, nil)
+	}
+	start := time.Now()
+	kctx := make([]context.Context, len(keys))
+	for i, k := range keys {
+		kctx[i] = observe(ctx, cfg.observers, Event{Kind: EventAcquireStart, Key: k})
+	}
+	ls, err := c.acquireGroup(ctx, multi, keys, cfg, kctx)
+	for i, k := range keys {
+		e := Event{Kind: EventAcquireEnd, Key: k, Err: err, Duration: time.Since(start)}
+		if err == nil {
+			e.Lease = ls[i]
+		}
+		observe(kctx[i], cfg.observers, e)
+	}
+	return ls, err
+}
+
+// acquireGroup is acquireLoop for a group taken in one step. kctx, when
+// not nil, holds the observers' context of each key's acquisition.
+func (c *Client) acquireGroup(ctx context.Context, multi MultiAcquirer, keys []string, cfg config, kctx []context.Context) ([]*Lease, error) {
 	reqs := make([]Request, len(keys))
 	for i, k := range keys {
 		reqs[i] = Request{Key: k, TTL: cfg.ttl, Token: c.token(cfg), Reentrant: cfg.owner != ""}
@@ -184,9 +207,11 @@ func (c *Client) acquireGroup(ctx context.Context, multi MultiAcquirer, keys []s
 		}
 		blocked := -1
 		for i, g := range gs {
-			if !g.OK {
+			if kctx != nil {
+				observe(kctx[i], cfg.observers, Event{Kind: EventAttempt, Key: keys[i], Attempt: attempt, Granted: g.OK, HolderTTL: g.HolderTTL})
+			}
+			if !g.OK && blocked < 0 {
 				blocked = i
-				break
 			}
 		}
 		if blocked < 0 {
@@ -215,15 +240,28 @@ func (c *Client) acquireGroup(ctx context.Context, multi MultiAcquirer, keys []s
 		} else {
 			timer.Reset(d)
 		}
-		select {
-		case <-ctx.Done():
-			return nil, ctxAcquireError(keys[blocked], attempt, ctx, nil)
-		case <-c.closing:
-			return nil, wrapOp("acquire", keys[blocked], ErrClosed)
-		case <-sub:
-		case <-timer.C:
+		if err := c.groupWait(ctx, keys[blocked], attempt, sub, timer.C, kctx, blocked, cfg); err != nil {
+			return nil, err
 		}
 	}
+}
+
+// groupWait waits for a release notice on sub or the timer, for key (the
+// group's blocked key at index i) after attempt.
+func (c *Client) groupWait(ctx context.Context, key string, attempt int, sub <-chan struct{}, timer <-chan time.Time, kctx []context.Context, i int, cfg config) error {
+	if kctx != nil {
+		observe(kctx[i], cfg.observers, Event{Kind: EventWaitStart, Key: key})
+		defer observe(kctx[i], cfg.observers, Event{Kind: EventWaitEnd, Key: key})
+	}
+	select {
+	case <-ctx.Done():
+		return ctxAcquireError(key, attempt, ctx, nil)
+	case <-c.closing:
+		return wrapOp("acquire", key, ErrClosed)
+	case <-sub:
+	case <-timer:
+	}
+	return nil
 }
 
 // grantAll turns a group grant into leases, or gives every lock back.

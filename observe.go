@@ -11,15 +11,16 @@ type EventKind uint8
 
 // The events a Client reports to its observers.
 const (
-	// EventAcquireStart: Acquire or TryAcquire begins (Key set). The
-	// context an observer returns is used for the rest of the call, so a
-	// tracer can start a span here.
+	// EventAcquireStart: Acquire or TryAcquire begins (Key set); AcquireMany
+	// reports one acquisition per key. The context an observer returns is
+	// used for the rest of the call, so a tracer can start a span here.
 	EventAcquireStart EventKind = iota + 1
 	// EventAttempt: one acquisition attempt ended (Attempt, Err; Granted
 	// tells whether it won; HolderTTL when it lost to a holder).
 	EventAttempt
 	// EventWaitStart and EventWaitEnd bracket the time a caller waits for
-	// a lock held elsewhere (between attempts or in a server-side queue).
+	// a lock held elsewhere (between attempts, in a server-side queue, or
+	// behind the first acquisition of the same WithOwner id).
 	EventWaitStart
 	EventWaitEnd
 	// EventAcquireEnd: Acquire returned (Lease on success, else Err;
@@ -31,11 +32,13 @@ const (
 	// EventLost: Lease was lost (Err matches ErrLost; Duration is how long
 	// it was held).
 	EventLost
-	// EventReleased: Release ended (Err, Duration is how long it was held).
+	// EventReleased: Release ended, or Client.Close released a live lease
+	// (Err, Duration is how long it was held).
 	EventReleased
-	// EventReleaseStart: Release begins (Lease set). The context an
-	// observer returns is used for the rest of the call (the backend's
-	// Release and EventReleased), so a tracer can start a span here.
+	// EventReleaseStart: Release, or Client.Close for a live lease, begins
+	// (Lease set). The context an observer returns is used for the rest of
+	// the call (the backend's Release and EventReleased), so a tracer can
+	// start a span here.
 	EventReleaseStart
 )
 

@@ -126,6 +126,10 @@ func (c *Client) enterGate(ctx context.Context, g *holdGroup, key string, cfg co
 		defer t.Stop()
 		bound = t.C
 	}
+	if len(cfg.observers) > 0 {
+		observe(ctx, cfg.observers, Event{Kind: EventWaitStart, Key: key})
+		defer observe(ctx, cfg.observers, Event{Kind: EventWaitEnd, Key: key})
+	}
 	select {
 	case g.gate <- struct{}{}:
 		return nil
@@ -168,6 +172,7 @@ func (c *Client) rejoin(ctx context.Context, req Request, cfg config, g *holdGro
 	needRefresh := want.After(maxExp)
 	if needRefresh {
 		l.expires = maxExp // what the server is known to hold until the Refresh answers
+		l.unannounced = true
 	}
 	// Registered in the same critical section as the check above, and
 	// before the Refresh: a concurrent release of the other holds sees
@@ -186,7 +191,7 @@ func (c *Client) rejoin(ctx context.Context, req Request, cfg config, g *holdGro
 			defer cancel()
 			switch {
 			case errors.Is(err, ErrNotHeld):
-				l.lose(err) // and every hold of the same grant
+				l.lose(err) // and every hold of the same grant (l unreported)
 				_ = l.releaseLocked(rctx)
 				return nil, true, wrapOp("acquire", req.Key, l.Err())
 			default:
@@ -199,7 +204,16 @@ func (c *Client) rejoin(ctx context.Context, req Request, cfg config, g *holdGro
 		}
 		l.mu.Lock()
 		l.expires = want
+		lost := l.err != nil
+		l.unannounced = false
 		l.mu.Unlock()
+		if lost {
+			// Lost (unreported) while the Refresh was on its way.
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.releaseTimeout)
+			defer cancel()
+			_ = l.releaseLocked(rctx)
+			return nil, true, wrapOp("acquire", req.Key, l.Err())
+		}
 	}
 	c.mu.Lock()
 	if l.Err() == nil { // not released meanwhile by Close

@@ -78,6 +78,7 @@ func runScenarios(t *testing.T, h harness) {
 	t.Run("BackendError", func(t *testing.T) { t.Parallel(); testBackendError(t, h) })
 	t.Run("RenewLoseRelease", func(t *testing.T) { t.Parallel(); testRenewLoseRelease(t, h) })
 	t.Run("Reentrant", func(t *testing.T) { t.Parallel(); testReentrant(t, h) })
+	t.Run("ManyThenClose", func(t *testing.T) { t.Parallel(); testManyThenClose(t, h) })
 }
 
 // otelOptions returns the options that record into tm, naming the backend.
@@ -412,6 +413,30 @@ func testReentrant(t *testing.T, h harness) {
 	fence := dlockotel.AttrFence.Int64(int64(outer.Fence()))
 	wantAttrs(t, spans[0], fence, dlockotel.AttrCount.Int(1))
 	wantAttrs(t, spans[1], fence, dlockotel.AttrCount.Int(2))
+}
+
+// testManyThenClose: leases taken by AcquireMany count as held and as
+// acquisitions; Client.Close ends them as releases (a span each), and the
+// held gauge returns to zero.
+func testManyThenClose(t *testing.T, h harness) {
+	tm := newTelemetry(t)
+	be := dlockotel.AttrBackend.String(h.name)
+	c := dlock.New(h.newBackend(t), append([]dlock.Option{dlock.WithTTL(h.ttl)}, otelOptions(h, tm)...)...)
+	tag := "{" + locktest.Key(t) + "}"
+	keys := []string{tag + "a", tag + "b"}
+	if _, err := c.AcquireMany(locktest.Ctx(t, 10*time.Second), keys); err != nil {
+		t.Fatalf("AcquireMany: %v", err)
+	}
+	wantSum(t, tm, dlockotel.MetricLeasesHeld, 2, be)
+	wantSum(t, tm, dlockotel.MetricAcquisitions, 2, be, outcome(dlockotel.OutcomeAcquired))
+	if err := c.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	wantSum(t, tm, dlockotel.MetricLeasesHeld, 0, be)
+	for _, k := range keys {
+		onlySpan(t, tm, dlockotel.SpanAcquire, k)
+		onlySpan(t, tm, dlockotel.SpanRelease, k)
+	}
 }
 
 func fmtAttrs(attrs []attribute.KeyValue) string {

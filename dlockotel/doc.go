@@ -64,8 +64,8 @@
 // Spans come from the tracer named ScopeName and carry dlock.key and
 // (when named) dlock.backend.
 //
-//   - dlock.acquire: one per Acquire or TryAcquire, a child of the span in
-//     the caller's ctx, started when the call begins and ended when it
+//   - dlock.acquire: one per Acquire or TryAcquire (and per key of
+//     AcquireMany), a child of the span in the caller's ctx, started when the call begins and ended when it
 //     returns. Its context is the one the backend receives, so spans of an
 //     instrumented driver (go-redis, etcd) nest under it. Each attempt is
 //     a span event dlock.attempt (dlock.attempt.number,
@@ -75,8 +75,9 @@
 //     dlock.outcome=acquired, dlock.fence and dlock.count; otherwise
 //     dlock.outcome (not_acquired or error) and status Error (with the
 //     error recorded as an exception event when outcome is error).
-//   - dlock.release: one per Lease.Release (also those made by Client.Do and
-//     Client.Close), a child of the span in the Release ctx, linked to the
+//   - dlock.release: one per Lease.Release (also those made by Client.Do),
+//     a child of the span in the Release ctx, and one per live lease that
+//     Client.Close releases, a root span; each is linked to the
 //     lease's dlock.acquire span; attributes dlock.fence and dlock.held
 //     (seconds held); status Error when Release returned an error. It
 //     spans the whole Release, and its context is the one the backend

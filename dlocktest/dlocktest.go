@@ -138,6 +138,7 @@ func Run(t *testing.T, h Harness) {
 		{"CancelQueued", s.cancelQueued},
 		{"Election", s.election},
 		{"ElectionLost", s.electionLost},
+		{"ObserverBalance", s.observerBalance},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, tc.fn)
