@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
-
-	"github.com/dlock-go/dlock/internal/testserver"
 )
 
 // pgLocalDatabase is the database of a throwaway PostgreSQL server: the
@@ -32,13 +30,13 @@ func startPostgres(u backendURL) (*lockServers, error) {
 	if !q.Has("sslmode") {
 		q.Set("sslmode", "disable")
 	}
-	p, err := testserver.StartPostgres(testserver.PostgresOptions{})
+	p, addr, err := startLocalPostgres()
 	if err != nil {
 		return nil, fmt.Errorf("verify: start postgres: %w", err)
 	}
 	return &lockServers{
 		nodes: []serverNode{p},
-		addrs: []string{p.Addr()},
-		url:   "postgres://postgres@" + p.Addr() + "/" + pgLocalDatabase + "?" + q.Encode(),
+		addrs: []string{addr},
+		url:   "postgres://postgres@" + addr + "/" + pgLocalDatabase + "?" + q.Encode(),
 	}, nil
 }
