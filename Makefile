@@ -17,7 +17,7 @@ TESTP ?= 2
 # staticcheck 2026.2.2, fetched through the module proxy (checked with Go 1.26).
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: test servers fmt-check vet lint unit modcheck tidy demo bench verify-replicated
+.PHONY: test servers fmt-check vet lint cross unit modcheck tidy demo bench verify-replicated
 
 test: servers fmt-check lint unit modcheck
 
@@ -30,9 +30,13 @@ fmt-check:
 vet:
 	@echo "go vet $(MODULES)"; $(GO) vet $(PKGS)
 
-# lint: go vet and staticcheck (default checks) over every module.
-lint: vet
+# lint: go vet and staticcheck (default checks) over every module, and the
+# dlock command built for Windows and macOS (it must install there too).
+lint: vet cross
 	@echo "staticcheck $(MODULES)"; $(GO) run $(STATICCHECK) $(PKGS)
+
+cross:
+	@echo "go build ./cmd/dlock for windows, darwin"; for os in windows darwin; do GOOS=$$os $(GO) build -o /dev/null ./cmd/dlock || exit 1; done
 
 unit:
 	@echo "go test -p $(TESTP) $(MODULES)"; $(GO) test $(TESTFLAGS) -p $(TESTP) $(PKGS)
