@@ -6,9 +6,13 @@
 -- highest token accepted (no e: epoch 0), o = its owner.
 -- ARGV = fence, owner, epoch.
 -- Accept as order.lua's accepts says. Returns {1, value or ""} when
--- accepted, and {0, highest fence, its epoch} (decimal strings) when
--- rejected.
-local cur = redis.call('HMGET', KEYS[1], 'v', 'f', 'o', 'e')
+-- accepted, {0, highest fence, its epoch} (decimal strings) when
+-- rejected, and {-1, what the key holds} when it is not a value hash
+-- (order.lua's load); only an accepted claim changes anything.
+local cur, held = load(KEYS[1])
+if not cur then
+  return {-1, held}
+end
 if not accepts(ARGV[1], ARGV[2], ARGV[3], cur[2], cur[3], cur[4]) then
   return {0, cur[2] or '0', cur[4] or '0'}
 end

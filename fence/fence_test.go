@@ -2,8 +2,11 @@ package fence_test
 
 import (
 	"errors"
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/dlock-go/dlock/fence"
 )
@@ -156,5 +159,103 @@ func TestStaleErrorMessage(t *testing.T) {
 	epochs := &fence.StaleError{Resource: "r", Fence: 1 << 50, Highest: 12, HighestEpoch: 1}
 	if got, want := epochs.Error(), `dlock: fence: write to "r" with epoch 0 fence 1125899906842624 rejected: epoch 1 fence 12 already accepted`; got != want {
 		t.Errorf("with epochs: got %q, want %q", got, want)
+	}
+}
+
+// TestGuardDoPerResource: a write in progress holds its resource only:
+// Do on another resource and HighestToken do not wait for it, Do on the
+// same resource does.
+func TestGuardDoPerResource(t *testing.T) {
+	var g fence.Guard
+	started, release := make(chan struct{}), make(chan struct{})
+	firstDone := make(chan error, 1)
+	go func() {
+		firstDone <- g.Do("a", 1, "o", func() error {
+			close(started)
+			<-release
+			return nil
+		})
+	}()
+	<-started
+	sameDone := make(chan error, 1)
+	go func() { sameDone <- g.Do("a", 2, "o", func() error { return nil }) }()
+	otherDone := make(chan error, 1)
+	go func() { otherDone <- g.Do("b", 1, "o", func() error { return nil }) }()
+	highest := make(chan fence.Token, 1)
+	go func() { highest <- g.HighestToken("a") }()
+
+	var failure error
+	deadline := make(chan struct{}) // closed after 10 s
+	timer := time.AfterFunc(10*time.Second, func() { close(deadline) })
+	defer timer.Stop()
+	otherWaited, highestWaited := false, false
+	select {
+	case err := <-otherDone:
+		failure = err
+	case <-deadline:
+		otherWaited = true
+		failure = errors.New("Do on resource b waited for a write to resource a")
+	}
+	select {
+	case got := <-highest:
+		if got != (fence.Token{}) {
+			failure = errors.Join(failure, fmt.Errorf("HighestToken(a) during its first write: got %v, want none", got))
+		}
+	case <-deadline:
+		highestWaited = true
+		failure = errors.Join(failure, errors.New("HighestToken(a) waited for a write to resource a"))
+	}
+	sameWaited := true
+	select {
+	case err := <-sameDone:
+		sameWaited = false
+		failure = errors.Join(failure, fmt.Errorf("Do on resource a returned %v during another write to a", err))
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(release)
+	failure = errors.Join(failure, <-firstDone)
+	if sameWaited {
+		failure = errors.Join(failure, <-sameDone)
+	}
+	if otherWaited {
+		failure = errors.Join(failure, <-otherDone)
+	}
+	if highestWaited {
+		<-highest
+	}
+	if failure != nil {
+		t.Fatal(failure)
+	}
+	if got := g.Highest("a"); got != 2 {
+		t.Fatalf("Highest(a): got %d, want 2", got)
+	}
+	// A failed first write records nothing: another owner's equal fence is
+	// the resource's first write.
+	if err := g.Do("c", 5, "x", func() error { return errors.New("disk full") }); err == nil {
+		t.Fatal("Do with a failing write: got nil")
+	}
+	if err := g.Check("c", 5, "y"); err != nil {
+		t.Fatalf("Check after a failed first write: %v", err)
+	}
+}
+
+// TestSQLPlaceholders: the placeholder counts the doc comments state.
+func TestSQLPlaceholders(t *testing.T) {
+	if got := strings.Count(fence.SQLPredicate("fence", "?"), "?"); got != 1 {
+		t.Errorf("SQLPredicate holds the placeholder %d times, want 1", got)
+	}
+	tok := fence.SQLTokenPredicate("epoch", "fence", "?E", "?F")
+	if got := strings.Count(tok, "?"); got != 3 {
+		t.Errorf("SQLTokenPredicate holds %d placeholders, want 3", got)
+	}
+	// In order: the epoch twice, then the fence.
+	var order []string
+	for s := tok; strings.Contains(s, "?"); {
+		i := strings.Index(s, "?")
+		order = append(order, s[i:i+2])
+		s = s[i+2:]
+	}
+	if got := strings.Join(order, " "); got != "?E ?E ?F" {
+		t.Errorf("SQLTokenPredicate placeholder order: got %s, want ?E ?E ?F", got)
 	}
 }

@@ -1,5 +1,5 @@
--- order.lua: package fence's rule, shared by set.lua and claim.lua (each
--- runs as this file followed by its own).
+-- order.lua: package fence's rule and value shape, shared by set.lua and
+-- claim.lua (each runs as this file followed by its own).
 
 -- cmp compares the unsigned decimals a and b (as written by the Go side:
 -- no sign, no leading zeros; false or nil is 0) exactly, whatever their
@@ -28,4 +28,36 @@ local function accepts(fence, owner, epoch, hf, ho, he)
     return c > 0
   end
   return not hf or ho == owner
+end
+
+-- decimal reports whether s is an unsigned decimal as the Go side writes
+-- them (no sign, no leading zeros).
+local function decimal(s)
+  return s == '0' or string.match(s, '^[1-9]%d*$') ~= nil
+end
+
+-- load returns the fields v, f, o, e of the value hash key (as HMGET
+-- returns them: false when absent), all false when key does not exist; or
+-- nil and what key holds when it is not a value of this package: another
+-- type, or a hash with other fields, without f or o, or a malformed f or e.
+local function load(key)
+  local t = redis.call('TYPE', key)['ok']
+  if t == 'none' then
+    return {false, false, false, false}
+  end
+  if t ~= 'hash' then
+    return nil, t
+  end
+  local cur = redis.call('HMGET', key, 'v', 'f', 'o', 'e')
+  local n = 0
+  for i = 1, 4 do
+    if cur[i] then
+      n = n + 1
+    end
+  end
+  if not cur[2] or not cur[3] or n ~= redis.call('HLEN', key) or not decimal(cur[2])
+      or (cur[4] and not decimal(cur[4])) then
+    return nil, 'hash of other fields'
+  end
+  return cur
 end

@@ -3,10 +3,13 @@ package fence_test
 import (
 	"context"
 	"errors"
+	"maps"
+	"strings"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/fence"
 	"github.com/dlock-go/dlock/internal/locktest/testmain"
 	"github.com/dlock-go/dlock/internal/testserver"
@@ -74,9 +77,14 @@ func TestRedisWrongType(t *testing.T) {
 	ctx := context.Background()
 	s, key := newStore(t)
 	rdb.RPush(ctx, key, "user data")
-	err := s.Set(ctx, key, "v", 1, "a")
-	if err == nil {
-		t.Fatal("Set on a list key: got nil error")
+	if err := s.Set(ctx, key, "v", 1, "a"); !errors.Is(err, dlock.ErrWrongType) || !strings.Contains(err.Error(), "list") {
+		t.Fatalf("Set on a list key: got %v, want an error matching dlock.ErrWrongType naming list", err)
+	}
+	if _, err := s.Claim(ctx, key, 1, "a"); !errors.Is(err, dlock.ErrWrongType) {
+		t.Fatalf("Claim on a list key: got %v, want an error matching dlock.ErrWrongType", err)
+	}
+	if _, _, err := s.Get(ctx, key); !errors.Is(err, dlock.ErrWrongType) {
+		t.Fatalf("Get on a list key: got %v, want an error matching dlock.ErrWrongType", err)
 	}
 	if n, _ := rdb.LLen(ctx, key).Result(); n != 1 {
 		t.Fatalf("list length after the failed Set: got %d, want 1", n)
@@ -183,6 +191,101 @@ func TestRedisNilClient(t *testing.T) {
 		}
 		if _, err := s.Claim(ctx, "k", 1, "a"); err == nil {
 			t.Fatal("Claim: got nil, want an error")
+		}
+	}
+}
+
+// TestRedisForeignHash: Set and Claim refuse a hash that is not a value
+// of the store, with an error matching dlock.ErrWrongType, and leave it as
+// it was.
+func TestRedisForeignHash(t *testing.T) {
+	ctx := context.Background()
+	s, key := newStore(t)
+	for _, fields := range []map[string]string{
+		{"name": "alice", "age": "30"},             // none of the store's fields
+		{"v": "x", "owner": "bob"},                 // a v, but no fence
+		{"v": "x", "f": "5", "o": "a", "tag": "y"}, // the store's fields and another
+		{"v": "x", "f": "05", "o": "a"},            // a malformed fence
+		{"f": "5", "e": "1"},                       // no owner
+	} {
+		rdb.Del(ctx, key)
+		if err := rdb.HSet(ctx, key, fields).Err(); err != nil {
+			t.Fatal(err)
+		}
+		calls := map[string]func() error{
+			"Set": func() error { return s.Set(ctx, key, "v", 9, "a") },
+			"SetToken": func() error {
+				return s.SetToken(ctx, key, "v", fence.Token{Epoch: 2, Fence: 1}, "a")
+			},
+			"Claim": func() error { _, err := s.Claim(ctx, key, 9, "a"); return err },
+		}
+		for name, call := range calls {
+			err := call()
+			if !errors.Is(err, dlock.ErrWrongType) || !strings.HasPrefix(err.Error(), "dlock: fence: ") || !strings.Contains(err.Error(), key) {
+				t.Errorf("%s on a hash %v: got %v, want a dlock: fence: error naming the key and matching dlock.ErrWrongType", name, fields, err)
+			}
+			if got := rdb.HGetAll(ctx, key).Val(); !maps.Equal(got, fields) {
+				t.Fatalf("%s on a hash %v changed it to %v", name, fields, got)
+			}
+		}
+		_, hasV := fields["v"]
+		if _, hasF := fields["f"]; hasV && !hasF {
+			if _, _, err := s.Get(ctx, key); !errors.Is(err, dlock.ErrWrongType) {
+				t.Errorf("Get of a hash %v: got %v, want an error matching dlock.ErrWrongType", fields, err)
+			}
+		}
+	}
+}
+
+// TestRedisGetAfterClaim: a key claimed but never set reads as "" with the
+// claim's token.
+func TestRedisGetAfterClaim(t *testing.T) {
+	ctx := context.Background()
+	s, key := newStore(t)
+	if _, err := s.Claim(ctx, key, 5, "a"); err != nil {
+		t.Fatal(err)
+	}
+	if v, f, err := s.Get(ctx, key); err != nil || v != "" || f != 5 {
+		t.Fatalf("Get after a Claim of a missing key: got %q, %d, %v; want \"\", 5, nil", v, f, err)
+	}
+	if _, err := s.ClaimToken(ctx, key, fence.Token{Epoch: 2, Fence: 7}, "b"); err != nil {
+		t.Fatal(err)
+	}
+	if v, tok, err := s.GetToken(ctx, key); err != nil || v != "" || tok != (fence.Token{Epoch: 2, Fence: 7}) {
+		t.Fatalf("GetToken after a ClaimToken: got %q, %v, %v; want \"\", epoch 2 fence 7, nil", v, tok, err)
+	}
+}
+
+// TestZeroFence: Guard and Redis apply the same rule to fence 0: the first
+// write is accepted whatever its fence, and an equal fence from another
+// owner is rejected after it, 0 included.
+func TestZeroFence(t *testing.T) {
+	ctx := context.Background()
+	s, key := newStore(t)
+	var g fence.Guard
+	steps := []struct {
+		tok   fence.Token
+		owner string
+		ok    bool
+	}{
+		{fence.Token{}, "a", true},                   // first write
+		{fence.Token{}, "a", true},                   // the same lease again
+		{fence.Token{}, "b", false},                  // equal token, other owner
+		{fence.Token{Fence: 1}, "b", true},           // newer
+		{fence.Token{}, "a", false},                  // older
+		{fence.Token{Epoch: 1}, "c", true},           // a new epoch
+		{fence.Token{Epoch: 1}, "d", false},          // equal token, other owner
+		{fence.Token{Epoch: 1, Fence: 0}, "c", true}, // the same lease again
+	}
+	for i, st := range steps {
+		for name, check := range map[string]func() error{
+			"Guard": func() error { return g.CheckToken("r", st.tok, st.owner) },
+			"Redis": func() error { return s.SetToken(ctx, key, "v", st.tok, st.owner) },
+		} {
+			err := check()
+			if (err == nil) != st.ok || (err != nil && !errors.Is(err, fence.ErrStale)) {
+				t.Errorf("step %d %s(%v, %s): got %v, want ok=%v", i, name, st.tok, st.owner, err, st.ok)
+			}
 		}
 	}
 }

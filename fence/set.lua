@@ -2,10 +2,15 @@
 -- the highest token accepted (no e: epoch 0), o = its owner.
 -- ARGV = value, fence, owner, epoch.
 -- Accept as order.lua's accepts says. Returns {1, fence, epoch} when
--- written, {0, highest fence, its epoch} when rejected (decimal strings).
-local cur = redis.call('HMGET', KEYS[1], 'f', 'o', 'e')
-if not accepts(ARGV[2], ARGV[3], ARGV[4], cur[1], cur[2], cur[3]) then
-  return {0, cur[1] or '0', cur[3] or '0'}
+-- written, {0, highest fence, its epoch} when rejected (decimal strings),
+-- and {-1, what the key holds} when it is not a value hash (order.lua's
+-- load); only an accepted write changes anything.
+local cur, held = load(KEYS[1])
+if not cur then
+  return {-1, held}
+end
+if not accepts(ARGV[2], ARGV[3], ARGV[4], cur[2], cur[3], cur[4]) then
+  return {0, cur[2] or '0', cur[4] or '0'}
 end
 redis.call('HSET', KEYS[1], 'v', ARGV[1], 'f', ARGV[2], 'o', ARGV[3], 'e', ARGV[4])
 return {1, ARGV[2], ARGV[4]}

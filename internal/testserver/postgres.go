@@ -3,12 +3,8 @@
 package testserver
 
 import (
-	"bufio"
 	"bytes"
-	"encoding/binary"
 	"fmt"
-	"io"
-	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -198,45 +194,14 @@ func postgresPrefix(dir string) ([]string, error) {
 	return []string{setpriv, "--reuid=" + u.Uid, "--regid=" + u.Gid, "--clear-groups", "--pdeathsig=KILL", "--"}, nil
 }
 
-// pgStartup opens a session as user postgres on database postgres with the
-// version 3 protocol and closes it; it succeeds once the server answers
-// ReadyForQuery.
+// pgStartup opens a session as user postgres on database postgres and
+// closes it; it succeeds once the server answers ReadyForQuery.
 func pgStartup(addr string) error {
-	conn, err := net.DialTimeout("tcp", addr, time.Second)
+	s, err := DialPG(addr, 2*time.Second)
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(2 * time.Second))
-	var body bytes.Buffer
-	_ = binary.Write(&body, binary.BigEndian, int32(196608)) // protocol 3.0
-	body.WriteString("user\x00postgres\x00database\x00postgres\x00\x00")
-	msg := binary.BigEndian.AppendUint32(nil, uint32(body.Len()+4))
-	if _, err := conn.Write(append(msg, body.Bytes()...)); err != nil {
-		return err
-	}
-	r := bufio.NewReader(conn)
-	for {
-		var hdr [5]byte
-		if _, err := io.ReadFull(r, hdr[:]); err != nil {
-			return err
-		}
-		n := int(binary.BigEndian.Uint32(hdr[1:])) - 4
-		if n < 0 || n > 1<<20 {
-			return fmt.Errorf("postgres: bad message length %d", n)
-		}
-		payload := make([]byte, n)
-		if _, err := io.ReadFull(r, payload); err != nil {
-			return err
-		}
-		switch hdr[0] {
-		case 'Z':
-			_, _ = conn.Write([]byte{'X', 0, 0, 0, 4})
-			return nil
-		case 'E':
-			return fmt.Errorf("postgres: %s", bytes.ReplaceAll(payload, []byte{0}, []byte{' '}))
-		}
-	}
+	return s.Close()
 }
 
 // Addr returns "127.0.0.1:PORT".

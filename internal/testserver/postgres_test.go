@@ -3,13 +3,8 @@
 package testserver_test
 
 import (
-	"bufio"
-	"bytes"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"os"
 	"strings"
 	"syscall"
@@ -19,58 +14,15 @@ import (
 	"github.com/dlock-go/dlock/internal/testserver"
 )
 
-// pgQuery runs sql with the simple query protocol as user postgres and
-// returns the first column of the first row ("" when there is none).
+// pgQuery runs sql in a new session as user postgres and returns the
+// first column of the first row ("" when there is none).
 func pgQuery(addr string, timeout time.Duration, sql string) (string, error) {
-	conn, err := net.DialTimeout("tcp", addr, timeout)
+	s, err := testserver.DialPG(addr, timeout)
 	if err != nil {
 		return "", err
 	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(timeout))
-	startup := []byte("\x00\x03\x00\x00user\x00postgres\x00database\x00postgres\x00\x00")
-	if _, err := conn.Write(append(binary.BigEndian.AppendUint32(nil, uint32(len(startup)+4)), startup...)); err != nil {
-		return "", err
-	}
-	r := bufio.NewReader(conn)
-	var first string
-	var got, queried bool
-	var qerr error
-	for {
-		var hdr [5]byte
-		if _, err := io.ReadFull(r, hdr[:]); err != nil {
-			return "", err
-		}
-		body := make([]byte, binary.BigEndian.Uint32(hdr[1:])-4)
-		if _, err := io.ReadFull(r, body); err != nil {
-			return "", err
-		}
-		switch hdr[0] {
-		case 'E':
-			qerr = fmt.Errorf("postgres: %s", bytes.ReplaceAll(body, []byte{0}, []byte{' '}))
-			if !queried {
-				return "", qerr
-			}
-		case 'D':
-			if !got && binary.BigEndian.Uint16(body) > 0 {
-				if n := int32(binary.BigEndian.Uint32(body[2:])); n >= 0 {
-					first = string(body[6 : 6+n])
-				}
-				got = true
-			}
-		case 'Z':
-			if queried {
-				_, _ = conn.Write([]byte{'X', 0, 0, 0, 4})
-				return first, qerr
-			}
-			q := append([]byte(sql), 0)
-			msg := append([]byte{'Q'}, binary.BigEndian.AppendUint32(nil, uint32(len(q)+4))...)
-			if _, err := conn.Write(append(msg, q...)); err != nil {
-				return "", err
-			}
-			queried = true
-		}
-	}
+	defer s.Close()
+	return s.Query(sql)
 }
 
 func mustQuery(t *testing.T, p *testserver.Postgres, sql string) string {
