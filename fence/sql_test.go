@@ -3,7 +3,6 @@
 package fence_test
 
 import (
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -11,6 +10,7 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock/fence"
+	"github.com/dlock-go/dlock/internal/locktest"
 	"github.com/dlock-go/dlock/internal/testserver"
 )
 
@@ -22,17 +22,8 @@ import (
 // epoch "0" are rejected instead, and behave as SQLPredicate on rows
 // without an epoch.
 func TestSQLPredicateEpochs(t *testing.T) {
-	p, err := testserver.StartPostgres(testserver.PostgresOptions{})
-	if errors.Is(err, testserver.ErrNotInstalled) {
-		t.Skip(err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := p.Stop(); err != nil {
-			t.Errorf("stop postgres: %v", err)
-		}
+	p := locktest.Own(t, func() (*testserver.Postgres, error) {
+		return testserver.StartPostgres(testserver.PostgresOptions{})
 	})
 	c, err := testserver.DialPG(p.Addr(), time.Minute)
 	if err != nil {
