@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -347,6 +348,47 @@ func TestWatchdogHungRenewalNoBatch(t *testing.T) {
 			t.Fatal("a: renewals hung past its expiry, yet not lost")
 		}
 		h.hang.Store(false)
+	})
+}
+
+// slowRefresh is a Backend without RefreshMany whose Refresh takes a
+// while, counting the calls in flight and their peak.
+type slowRefresh struct {
+	dlock.Backend
+	peak locktest.Peak
+}
+
+func (s *slowRefresh) Refresh(ctx context.Context, r dlock.Request) error {
+	s.peak.Enter()
+	defer s.peak.Leave()
+	time.Sleep(50 * time.Millisecond)
+	return s.Backend.Refresh(ctx, r)
+}
+
+// TestWatchdogRefreshCallsBounded: on a backend without RefreshMany a
+// batch of 600 leases runs its Refresh calls concurrently, 256 at once at
+// most, and every lease is renewed.
+func TestWatchdogRefreshCallsBounded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := &slowRefresh{Backend: memlock.New()}
+		c := dlock.New(b, dlock.WithTTL(3*time.Second))
+		defer c.Close()
+		ctx := context.Background()
+		const n = 600
+		leases := make([]*dlock.Lease, n)
+		for i := range leases {
+			leases[i] = locktest.MustAcquire(t, ctx, c, "k"+strconv.Itoa(i))
+		}
+		time.Sleep(2 * time.Second) // one renewal round, at TTL/3
+		if p := b.peak.Most(); p != 256 {
+			t.Fatalf("Refresh calls at once: got %d, want 256 (the bound)", p)
+		}
+		for _, l := range leases {
+			// Not renewed, it would expire within a second.
+			if l.Err() != nil || !l.Expires().After(time.Now().Add(1500*time.Millisecond)) {
+				t.Fatalf("%s not renewed: err %v, expires in %v", l.Key(), l.Err(), time.Until(l.Expires()))
+			}
+		}
 	})
 }
 

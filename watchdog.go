@@ -14,8 +14,8 @@ import (
 // most a timer reset. It keeps two heaps: auto-renewed leases ordered by
 // their next renewal, and the other leases ordered by expiry. Renewals
 // due within a short window are sent together in one batch (one round
-// trip per server with a BatchRefresher, else one call per lease, all at
-// once), on the timer's goroutine. A lease is in at most one batch, and a
+// trip per server with a BatchRefresher, else one call per lease, up to
+// 256 at once), on the timer's goroutine. A lease is in at most one batch, and a
 // batch in flight holds back no other, so a renewal that hangs delays
 // neither the renewals nor the expiry of other leases. A batch's deadline
 // is never past the earliest expiry in it, so a backend that honours its
@@ -120,8 +120,12 @@ func (c *Client) tick() {
 	}
 }
 
+// refreshCalls bounds the Refresh calls a batch runs at once on a backend
+// without RefreshMany (each holds a goroutine).
+const refreshCalls = 256
+
 // renewBatch refreshes leases in one call (RefreshMany), or in one call
-// per lease run concurrently. The deadline is the shortest TTL/3 in the
+// per lease run concurrently (up to refreshCalls at once). The deadline is the shortest TTL/3 in the
 // batch, and never past the earliest expiry.
 func (c *Client) renewBatch(leases []*Lease) renewResult {
 	now := time.Now()
@@ -140,12 +144,17 @@ func (c *Client) renewBatch(leases []*Lease) renewResult {
 	case len(leases) == 1:
 		r.errs = []error{c.b.Refresh(ctx, r.reqs[0])}
 	default:
-		// One call per lease, at once: a call that hangs must not use up
-		// the others' time.
+		// One call per lease, up to refreshCalls at once: a call that
+		// hangs must not use up the others' time.
 		r.errs = make([]error, len(leases))
+		slots := make(chan struct{}, refreshCalls)
 		var wg sync.WaitGroup
 		for i := range r.reqs {
-			wg.Go(func() { r.errs[i] = c.b.Refresh(ctx, r.reqs[i]) })
+			slots <- struct{}{}
+			wg.Go(func() {
+				r.errs[i] = c.b.Refresh(ctx, r.reqs[i])
+				<-slots
+			})
 		}
 		wg.Wait()
 	}
