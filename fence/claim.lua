@@ -5,16 +5,13 @@
 -- KEYS[1] = the value hash: v = value, f = fence and e = epoch of the
 -- highest token accepted (no e: epoch 0), o = its owner.
 -- ARGV = fence, owner, epoch.
--- Accept as order.lua's accepts says. Returns {1, value or ""} when
+-- Accept as order.lua's admit says. Returns {1, value or ""} when
 -- accepted, {0, highest fence, its epoch} (decimal strings) when
 -- rejected, and {-1, what the key holds} when it is not a value hash
 -- (order.lua's load); only an accepted claim changes anything.
-local cur, held = load(KEYS[1])
+local cur, reply = admit(KEYS[1], ARGV[1], ARGV[2], ARGV[3])
 if not cur then
-  return {-1, held}
-end
-if not accepts(ARGV[1], ARGV[2], ARGV[3], cur[2], cur[3], cur[4]) then
-  return {0, cur[2] or '0', cur[4] or '0'}
+  return reply
 end
 redis.call('HSET', KEYS[1], 'f', ARGV[1], 'o', ARGV[2], 'e', ARGV[3])
 return {1, cur[1] or ''}

@@ -61,3 +61,18 @@ local function load(key)
   end
   return cur
 end
+
+-- admit loads key and applies the rule to the token (fence, owner, epoch):
+-- it returns the fields of load when the token is accepted, else nil and
+-- the script's reply: {-1, what the key holds} when it is not a value
+-- hash, {0, highest fence, its epoch} (decimal strings) when rejected.
+local function admit(key, fence, owner, epoch)
+  local cur, held = load(key)
+  if not cur then
+    return nil, {-1, held}
+  end
+  if not accepts(fence, owner, epoch, cur[2], cur[3], cur[4]) then
+    return nil, {0, cur[2] or '0', cur[4] or '0'}
+  end
+  return cur
+end
