@@ -240,18 +240,22 @@ func (c *Client) acquireGroup(ctx context.Context, multi MultiAcquirer, keys []s
 		} else {
 			timer.Reset(d)
 		}
-		if err := c.groupWait(ctx, keys[blocked], attempt, sub, timer.C, kctx, blocked, cfg); err != nil {
+		var octx context.Context // the blocked key's observers' context
+		if kctx != nil {
+			octx = kctx[blocked]
+		}
+		if err := c.groupWait(ctx, keys[blocked], attempt, sub, timer.C, octx, cfg.observers); err != nil {
 			return nil, err
 		}
 	}
 }
 
 // groupWait waits for a release notice on sub or the timer, for key (the
-// group's blocked key at index i) after attempt.
-func (c *Client) groupWait(ctx context.Context, key string, attempt int, sub <-chan struct{}, timer <-chan time.Time, kctx []context.Context, i int, cfg config) error {
-	if kctx != nil {
-		observe(kctx[i], cfg.observers, Event{Kind: EventWaitStart, Key: key})
-		defer observe(kctx[i], cfg.observers, Event{Kind: EventWaitEnd, Key: key})
+// group's blocked key) after attempt; with octx it reports the wait to obs.
+func (c *Client) groupWait(ctx context.Context, key string, attempt int, sub <-chan struct{}, timer <-chan time.Time, octx context.Context, obs []Observer) error {
+	if octx != nil {
+		observe(octx, obs, Event{Kind: EventWaitStart, Key: key})
+		defer observe(octx, obs, Event{Kind: EventWaitEnd, Key: key})
 	}
 	select {
 	case <-ctx.Done():
