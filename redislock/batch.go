@@ -209,9 +209,12 @@ func noScript(cmds []*redis.Cmd, idx []int) []int {
 	return out
 }
 
-// script runs s with keys and args: through the Backend's batcher, or
-// alone without one (WithPipelines(0)).
+// script runs s with keys and args: on the Backend's own connection, or
+// through its batcher, or alone without one (WithPipelines(0)).
 func (b *Backend) script(ctx context.Context, s *redis.Script, keys []string, args []any) (any, error) {
+	if b.pc != nil {
+		return b.pc.run(ctx, s, keys, args)
+	}
 	if b.batch == nil {
 		return s.Run(ctx, b.rdb, keys, args...).Result()
 	}

@@ -39,7 +39,7 @@ func (h *pipeHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 	}
 }
 
-// batched is a Backend with WithPipelines(1) on a server of the test's
+// batched is a Backend with WithClientPool and WithPipelines(1) on a server of the test's
 // own, paused while its one call in flight waits for a reply.
 type batched struct {
 	b      *redislock.Backend
@@ -64,7 +64,7 @@ func batchSetup(t *testing.T, ctxTimeouts bool) batched {
 	})
 	hook := &pipeHook{}
 	rdb.AddHook(hook)
-	b := newBackend(t, rdb, redislock.WithPipelines(1))
+	b := newBackend(t, rdb, redislock.WithClientPool(), redislock.WithPipelines(1))
 	mustGrant(t, b, req(key(t)+"-warm", time.Minute)) // connect, load the scripts
 	resume := pause(t, r)
 	first := make(chan error, 1)
@@ -190,7 +190,7 @@ func TestPipelinesNoScript(t *testing.T) {
 	}
 	t.Cleanup(func() { r.Stop() })
 	rdb := newRDB(t, r.Addr())
-	b := newBackend(t, rdb, redislock.WithPipelines(1))
+	b := newBackend(t, rdb, redislock.WithClientPool(), redislock.WithPipelines(1))
 	hook := &pipeHook{}
 	rdb.AddHook(hook)
 	for round := range 3 {

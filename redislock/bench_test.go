@@ -86,24 +86,30 @@ func BenchmarkFencedFloor(b *testing.B) {
 
 // BenchmarkInterleaved runs one acquisition of each kind per iteration —
 // dlock (as BenchmarkAcquireRelease), the raw floor (as
-// BenchmarkRawSetNXRelease) and the fenced floor (as BenchmarkFencedFloor),
-// in an order that rotates — so that all three see the same machine load.
-// It reports each one's mean latency (dlock-µs, raw-µs, fenced-µs) and the
-// ops/s ratios ×raw = raw-µs / dlock-µs (the target is ≥ 0.9) and
-// ×fenced = fenced-µs / dlock-µs.
+// BenchmarkRawSetNXRelease), the fenced floor (as BenchmarkFencedFloor)
+// and dlock through the client's pool (WithClientPool), in an order that
+// rotates — so that all four see the same machine load. It reports each
+// one's mean latency (dlock-µs, raw-µs, fenced-µs, pool-µs) and the ops/s
+// ratios ×raw = raw-µs / dlock-µs (the target is ≥ 0.9), ×fenced =
+// fenced-µs / dlock-µs and ×pool = pool-µs / dlock-µs.
 func BenchmarkInterleaved(b *testing.B) {
 	rdb := newRDB(b, srv.Addr())
 	c := newBenchClient(b, rdb)
+	pool := dlock.New(redislock.New(rdb, redislock.WithClientPool()))
+	b.Cleanup(func() { pool.Close() })
 	k := key(b)
 	us := interleave(b,
 		cycle(b, context.Background(), onKey(c.Acquire, k)),
 		rawCycle(b, rdb, k+":raw"),
-		fencedCycle(b, rdb, "{"+k+":fenced}"))
+		fencedCycle(b, rdb, "{"+k+":fenced}"),
+		cycle(b, context.Background(), onKey(pool.Acquire, k+":pool")))
 	b.ReportMetric(us[0], "dlock-µs")
 	b.ReportMetric(us[1], "raw-µs")
 	b.ReportMetric(us[2], "fenced-µs")
+	b.ReportMetric(us[3], "pool-µs")
 	b.ReportMetric(us[1]/us[0], "×raw")
 	b.ReportMetric(us[2]/us[0], "×fenced")
+	b.ReportMetric(us[3]/us[0], "×pool")
 }
 
 // Scripts of BenchmarkFenceCost: SET NX PX inside a script, then with one
@@ -372,23 +378,31 @@ func interleave(b *testing.B, ops ...func()) []float64 {
 
 // BenchmarkParallel is the bench module's S2 on one dlock.Client: 32
 // goroutines, each taking and releasing a key of its own, with a context
-// that has a deadline, on a client with ContextTimeoutEnabled. Pipelines
-// batches the goroutines' concurrent script calls (the default,
-// WithPipelines(2)); Alone sends each call on its own connection
-// (WithPipelines(0)). One op is one acquire + release.
+// that has a deadline, on a client with ContextTimeoutEnabled. Own
+// pipelines the goroutines' script calls on the Backend's own connection
+// (the default); Pipelines2 batches them through the client's pool
+// (WithClientPool, WithPipelines(2)); Alone0 sends each call on its own
+// pool connection (WithClientPool, WithPipelines(0)). One op is one
+// acquire + release; client-cpu-µs and server-cpu-µs as in cost_test.go.
 func BenchmarkParallel(b *testing.B) {
-	for _, n := range []int{0, 2} {
-		name := "Alone" + strconv.Itoa(n)
-		if n > 0 {
-			name = "Pipelines" + strconv.Itoa(n)
-		}
-		b.Run(name, func(b *testing.B) {
+	cases := []struct {
+		name string
+		opts []redislock.Option
+	}{
+		{"Own", nil},
+		{"Pipelines2", []redislock.Option{redislock.WithClientPool(), redislock.WithPipelines(2)}},
+		{"Alone0", []redislock.Option{redislock.WithClientPool(), redislock.WithPipelines(0)}},
+	}
+	for _, tc := range cases {
+		b.Run(tc.name, func(b *testing.B) {
 			rdb := newRDB(b, srv.Addr(), func(o *redis.Options) { o.ContextTimeoutEnabled = true })
-			c := dlock.New(redislock.New(rdb, redislock.WithPipelines(n)))
+			c := dlock.New(redislock.New(rdb, tc.opts...))
 			b.Cleanup(func() { c.Close() })
 			prefix := key(b)
 			var next atomic.Int64
 			b.SetParallelism(max(1, 32/runtime.GOMAXPROCS(0)))
+			cost := startCost(b)
+			defer cost.report(b)
 			b.RunParallel(func(pb *testing.PB) {
 				k := prefix + strconv.FormatInt(next.Add(1), 10)
 				for pb.Next() {

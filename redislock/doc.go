@@ -149,47 +149,55 @@
 //
 // Redis spends more on reading a command from a socket and writing its
 // reply than on a short script, so a Backend sends its goroutines'
-// concurrent script calls together (batch.go). While fewer than
-// WithPipelines calls (default 2) are in flight, a call is sent at once,
-// alone, on its caller's goroutine: one goroutine pays nothing. The calls
-// made while the slots are taken wait; when a slot frees, the goroutine of
-// the first of them sends them all (at most 64) in one pipeline and hands
-// every call its reply. The other slot is in flight meanwhile, so the
-// server always has the next batch to read. A batch is sent without its
+// concurrent script calls together. On a *redis.Client of one server it
+// does so on a connection of its own (conn.go), dialled on first use with
+// the client's dialer (TLS included), credentials, database and client
+// name: a call is written as soon as no other write is under way, together
+// with every call queued meanwhile, without waiting for the replies of
+// earlier ones, and one reader goroutine hands each reply to its call in
+// order. The server always has commands to read, as with rueidis. A lone
+// call costs one write, one read and one hand-off to the caller. The
+// connection is dialled again after a failure (the calls on it fail with
+// the error: their outcome is unknown, as with any lost reply); the client's
+// ReadTimeout and WriteTimeout bound its reads and writes while calls wait
+// for replies; Close, or the Backend becoming garbage, closes it. go-redis'
+// hooks (DialHook included) and limiters do not see these commands or
+// this connection; RefreshMany, Inspect, ForceRelease, the give-backs of
+// abandoned grants and the pub/sub subscription still use the client.
+//
+// A ClusterClient, a Sentinel failover client (go-redis moves its
+// connections at a fail-over), a client with an OnConnect hook or a
+// streaming credentials provider, WithReplicas (WAIT must follow the
+// script on its connection) and WithClientPool use the client's pool
+// instead (batch.go): while fewer than WithPipelines calls (default 2) are
+// in flight, a call is sent at once, alone, on its caller's goroutine; the
+// calls made while the slots are taken wait, and when a slot frees, the
+// goroutine of the first of them sends them all (at most 64) in one
+// pipeline and hands every call its reply. A batch is sent without its
 // callers' cancellation or deadlines, bounded by the client's timeouts.
+//
 // Every call is still bounded by its own context (see Contexts). On a
 // helper goroutine (a context that can be cancelled, without
 // ContextTimeoutEnabled) the caller returns at once and a grant that
 // comes later is given back, as for any call. On the caller's goroutine
-// (ContextTimeoutEnabled with a deadline) a waiting call whose context
-// ends returns at once and is never sent if it was not yet taken into a
-// batch; one already taken returns with its reply when the batch's
-// replies come (within the client's ReadTimeout).
+// (ContextTimeoutEnabled with a deadline) a call whose context ends
+// returns at once; on the Backend's connection its reply, when it comes,
+// is dropped, and through the pool a call not yet taken into a batch is
+// never sent, while one already taken returns with its reply when the
+// batch's replies come (within the client's ReadTimeout).
 //
-// Measured with the bench module's S2 (32 goroutines on 32 keys, one
-// Client, Redis 7.0.15, 2 cores, load 1–2): 42,600 cycles/s against
-// 29,900–36,000 with every call alone, 0.85× rueidislock (which
-// pipelines every command of a client on one connection) and 0.91×
-// bsm/redislock; BenchmarkParallel: 21.7 µs per cycle against 27.2 µs
-// alone. Two slots beat one (25.1 µs: the server idles while a lone
-// batch's replies travel) and three or more (22.0–24.1 µs: smaller
-// batches). Acquisitions with WithReplicas are not batched: WAIT must
-// follow the script on the same connection.
-//
-// The gap to rueidislock in S2 is on the client's side, not the fence's:
-// the bench module's fenced floor over rueidis (the same two scripts, sent
-// by rueidis, which keeps writing a connection's commands without waiting
-// for the replies of the earlier ones) made 1.13×, 1.23× and 1.43×
-// rueidislock in three runs, and 1.15×, 1.27× and 1.88× this package
-// (docs/BENCHMARKS.md, docs/bench/redis-floors.md; the last on a machine
-// four times slower). It is not work either: with the client and the
-// server on one CPU, where only work counts, this package made 1.40×
-// rueidislock and 0.97× that floor (docs/bench/one-cpu.md). On two CPUs
-// the difference is in how the round trips overlap: a go-redis pipeline
-// holds its connection until every reply has come, while rueidis keeps
-// writing and the server always has commands to read. More slots do not
-// make up for it: S2 with 1, 4 and 6 slots made 0.88×, 0.97× and 0.92×
-// the default's ops/s in one run.
+// Measured with BenchmarkParallel (S2 on one Client: 32 goroutines on 32
+// keys, Redis 7.0.15, 2 cores, three runs each, load 0.4–1.2): 26.8, 41.9
+// and 46.2 µs per acquire + release on the Backend's connection against
+// 39.8, 55.6 and 66.2 µs through the pool with two pipeline slots, run by
+// run; per cycle the client spent 21–26 µs of CPU against 30–37 µs and
+// the server 16–20 µs against 22–28 µs (one write carries about seven
+// calls, one read about twenty replies). A lone goroutine pays for the
+// hand-off from the reader: BenchmarkInterleaved put the pool path at
+// 0.85–0.92× the latency of the Backend's connection in three runs. Through
+// the pool, two slots beat one and three or more; its gap to rueidis was
+// in how the round trips overlap (a go-redis pipeline holds its connection
+// until every reply has come), not in the work.
 //
 // # Lease model
 //
@@ -539,7 +547,6 @@
 // grant that arrives after the caller gave up is released at once (the
 // only retry-like work a Backend does; it never sleeps). With
 // ContextTimeoutEnabled and a deadline the call runs on the caller's
-// goroutine and go-redis ends it at the deadline; a call waiting to be
-// batched then returns when its context ends unless its batch is already
-// on the wire (see Pipelining).
+// goroutine and ends at the deadline (see Pipelining for a call through
+// the pool that waits to be batched).
 package redislock

@@ -386,7 +386,7 @@ func TestFIFOCancelAfterHandOff(t *testing.T) {
 	cctx, cancel := context.WithCancel(s.ctx)
 	defer cancel()
 	testCancelAfterHandOff(t, s, cancel, func(rdbA *redis.Client) *waiter {
-		return startAcquire(dlockClient(t, rdbA, opt), cctx, s.key, dlock.WithFIFO(), dlock.WithOwner("first"))
+		return startAcquire(dlockClient(t, rdbA, opt, redislock.WithClientPool()), cctx, s.key, dlock.WithFIFO(), dlock.WithOwner("first"))
 	})
 }
 
@@ -418,7 +418,7 @@ func TestFIFOStepFailsAsContextEnds(t *testing.T) {
 	s := holdKey(t, peerWith(t, opt))
 	ctx := &endsLate{Context: s.ctx}
 	testCancelAfterHandOff(t, s, ctx.end, func(rdbA *redis.Client) *waiter {
-		b := locktest.Closing(t, redislock.New(rdbA, opt))
+		b := locktest.Closing(t, redislock.New(rdbA, opt, redislock.WithClientPool()))
 		w := &waiter{got: make(chan *dlock.Lease, 1), errc: make(chan error, 1)}
 		go func() {
 			r := dlock.Request{Key: s.key, Token: "first", TTL: 30 * time.Second, Reentrant: true, FIFO: true}
@@ -433,7 +433,8 @@ func TestFIFOStepFailsAsContextEnds(t *testing.T) {
 }
 
 // testCancelAfterHandOff queues the waiter start returns, on a connection
-// whose first script after the release fails and calls end, then another
+// whose first script after the release fails and calls end (start's
+// Backend must use WithClientPool, for the hook to see it), then another
 // waiter; it releases the lock and checks that the first returns an error
 // matching context.Canceled, and the second is served at once.
 func testCancelAfterHandOff(t *testing.T, s *heldKey, end func(), start func(*redis.Client) *waiter) {
@@ -499,7 +500,7 @@ func TestFIFOStepReplyLost(t *testing.T) {
 	rdbA := newRDB(t, srv.Addr())
 	hook := &loseReply{}
 	rdbA.AddHook(hook)
-	b := locktest.Closing(t, redislock.New(rdbA, opt))
+	b := locktest.Closing(t, redislock.New(rdbA, opt, redislock.WithClientPool()))
 	hook.armed.Store(true)
 	r := dlock.Request{Key: s.key, Token: "first", TTL: 30 * time.Second, FIFO: true}
 	if g, err := b.Wait(s.ctx, r); !errors.Is(err, errReplyLost) {
@@ -664,7 +665,7 @@ func TestFIFOHeartbeatsOnly(t *testing.T) {
 	hook := &tripHook{}
 	rdb := newRDB(t, srv.Addr())
 	rdb.AddHook(hookFunc(hook.add))
-	c := newClient(t, rdb)
+	c := dlockClient(t, rdb, redislock.WithClientPool())
 	s := holdKey(t, nil)
 	// Warm up: connections dialled (HELLO, CLIENT SETINFO), scripts loaded,
 	// the wake channel subscribed.
@@ -703,7 +704,7 @@ func TestFIFOLongWait(t *testing.T) {
 	hook := &tripHook{}
 	rdb := newRDB(t, srv.Addr())
 	rdb.AddHook(hookFunc(hook.add))
-	c := newClient(t, rdb, dlock.WithTTL(ttl))
+	c := locktest.Closing(t, dlock.New(redislock.New(rdb, redislock.WithClientPool()), dlock.WithTTL(ttl)))
 	s := holdKey(t, nil)
 	release(t, s.ctx, mustAcquire(t, s.ctx, c, s.key+".warm-up", dlock.WithFIFO()))
 	hook.start()
@@ -789,7 +790,7 @@ func TestFIFOHandOffWithoutClaim(t *testing.T) {
 			var requests atomic.Int64
 			rdb := newRDB(t, srv.Addr())
 			rdb.AddHook(countHook(&requests))
-			c := locktest.Closing(t, dlock.New(redislock.New(rdb, opt), dlock.WithTTL(time.Minute), dlock.WithAutoRenew(autoRenew)))
+			c := locktest.Closing(t, dlock.New(redislock.New(rdb, opt, redislock.WithClientPool()), dlock.WithTTL(time.Minute), dlock.WithAutoRenew(autoRenew)))
 			w := s.queue(t, c, s.ctx, 1, dlock.WithFIFO())
 			before := requests.Load()
 			s.release(t)

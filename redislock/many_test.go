@@ -61,7 +61,7 @@ func TestAcquireManyAllOrNothing(t *testing.T) {
 	var sent atomic.Int64 // the requests of c
 	crdb := newRDB(t, srv.Addr())
 	crdb.AddHook(countHook(&sent))
-	c := newClient(t, crdb)
+	c := dlockClient(t, crdb, redislock.WithClientPool())
 	holder := peer(t, dlock.WithTTL(time.Minute))
 	ctx := ctxT(t, 10*time.Second)
 	keys := []string{key(t), key(t), key(t)}

@@ -50,6 +50,7 @@ type config struct {
 	replicas   int           // WithReplicas: 0 = off
 	replWait   time.Duration // WithReplicas: the WAIT timeout
 	pipelines  int           // WithPipelines: 0 = every call alone
+	clientPool bool          // WithClientPool
 }
 
 func defaultConfig() config {
@@ -130,10 +131,25 @@ func WithReplicas(n int, timeout time.Duration) Option {
 	}
 }
 
-// WithPipelines sets how many of the Backend's script calls may be in
-// flight before further ones are batched: the calls made meanwhile are
-// sent together, up to 64 in one pipeline, when a slot frees (package
-// documentation, Pipelining). n = 0 sends every call alone.
+// WithClientPool makes the Backend send its script calls through the
+// go-redis client's connection pool, batched as WithPipelines says, so that
+// the client's hooks and limits see them. By default a Backend on a
+// *redis.Client of one server pipelines them on a connection of its own
+// (package documentation, Pipelining). A ClusterClient, a Sentinel failover
+// client, a client with an OnConnect hook or a streaming credentials
+// provider, and WithReplicas always use the pool.
+func WithClientPool() Option {
+	return func(c *config) error {
+		c.clientPool = true
+		return nil
+	}
+}
+
+// WithPipelines sets, when the Backend sends its script calls through the
+// client's pool (see WithClientPool), how many may be in flight before
+// further ones are batched: the calls made meanwhile are sent together, up
+// to 64 in one pipeline, when a slot frees (package documentation,
+// Pipelining). n = 0 sends every call alone.
 //
 // Default DefaultPipelines (2). An n below 0 or above 1024 is an
 // ErrInvalidOption error. Acquisitions with WithReplicas are never batched.

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"fmt"
 	"reflect"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -74,8 +75,11 @@ type Backend struct {
 	ctxDeadlines bool
 	closed       atomic.Bool
 	hub          hub
-	// batch sends concurrent script calls together (nil with
-	// WithPipelines(0)).
+	// pc is the Backend's own pipelined connection (nil when the client
+	// is not one it can dial, with WithClientPool or WithReplicas).
+	pc *pipeConn
+	// batch sends concurrent script calls together through the client's
+	// pool (nil with pc, or with WithPipelines(0)).
 	batch *batcher
 	// tombs hints which locks granted with a fence floor may hold a
 	// tombstone (see tombstones).
@@ -120,7 +124,13 @@ func New(rdb Client, opts ...Option) *Backend {
 		b.err = fmt.Errorf("redislock: %w: WithReplicas: timeout %v is not shorter than the client's ReadTimeout %v", dlock.ErrInvalidOption, b.cfg.replWait, readTimeout)
 		return b
 	}
-	if b.cfg.pipelines > 0 {
+	if !b.cfg.clientPool && b.cfg.replicas == 0 {
+		b.pc = newPipeConn(rdb)
+	}
+	if b.pc != nil {
+		// Closed with the Backend, or when it is garbage without Close.
+		runtime.AddCleanup(b, (*pipeConn).close, b.pc)
+	} else if b.cfg.pipelines > 0 {
 		b.batch = &batcher{rdb: rdb, max: b.cfg.pipelines}
 	}
 	b.claim = ttlArg(b.cfg.waiterTTL)
@@ -467,12 +477,16 @@ func (b *Backend) inspect(ctx context.Context, op, key string, del bool) (dlock.
 	return dlock.Info{}, unexpected(op, v)
 }
 
-// Close ends the shared subscription connection and its goroutine. It
-// does not close the go-redis client passed to New. Later calls fail with
-// an error matching dlock.ErrClosed. Close is idempotent.
+// Close ends the Backend's own connection and its subscription connection,
+// and their goroutines; it does not close the go-redis client passed to
+// New. Calls still waiting for a reply and later calls fail with an error
+// matching dlock.ErrClosed. Close is idempotent.
 func (b *Backend) Close() error {
 	if b.closed.Swap(true) {
 		return nil
+	}
+	if b.pc != nil {
+		b.pc.close()
 	}
 	return b.hub.close()
 }

@@ -250,23 +250,33 @@ func (h *flushHook) take() int {
 }
 
 // TestScriptFlush runs every operation right after SCRIPT FLUSH: each one
-// still works, through the EVAL fallback.
+// still works, through the EVAL fallback, on the Backend's connection and
+// through the client's pool.
 func TestScriptFlush(t *testing.T) {
+	t.Run("Own", func(t *testing.T) { testScriptFlush(t) })
+	t.Run("Pool", func(t *testing.T) { testScriptFlush(t, redislock.WithClientPool()) })
+}
+
+func testScriptFlush(t *testing.T, opts ...redislock.Option) {
 	rdb := newRDB(t, srv.Addr())
 	hook := &flushHook{}
 	rdb.AddHook(hookFunc(hook.count))
-	b := newBackend(t, rdb)
+	b := newBackend(t, rdb, opts...)
 	ctx := ctxT(t, 5*time.Second)
+	// The EVALs the server ran (the Backend's connection) or the hook saw
+	// (the pool).
+	var evals int
 	flush := func() {
 		t.Helper()
 		if err := rdb.ScriptFlush(ctx).Err(); err != nil {
 			t.Fatalf("SCRIPT FLUSH: %v", err)
 		}
 		hook.take()
+		evals = cmdCalls(t, rdb, "eval")
 	}
 	usedEval := func(what string) {
 		t.Helper()
-		if n := hook.take(); n == 0 {
+		if n := hook.take() + cmdCalls(t, rdb, "eval") - evals; n == 0 {
 			t.Fatalf("%s after SCRIPT FLUSH: no EVAL or SCRIPT LOAD sent, want the NOSCRIPT fallback", what)
 		}
 	}
@@ -440,8 +450,8 @@ func TestUnreachable(t *testing.T) {
 		t.Logf("failed after %v: %v", took, err)
 	}
 	t.Run("Backend", func(t *testing.T) {
-		// go-redis' default dial retries outlast the deadline: the Backend
-		// returns at the deadline, naming the address.
+		// The Backend's connection is dialled once: it fails at once,
+		// naming the address.
 		b := newBackend(t, newRDB(t, addr))
 		ctx := ctxT(t, time.Second)
 		start := time.Now()
@@ -464,10 +474,10 @@ func TestUnreachable(t *testing.T) {
 		}
 	})
 	t.Run("ClientDeadline", func(t *testing.T) {
-		// With go-redis' default retries the deadline ends the call first:
-		// the Client reports the context's error (not the address; see
-		// the report on AcquireError).
-		c := newClient(t, newRDB(t, addr))
+		// Through the pool, go-redis' default retries outlast the
+		// deadline: the Client reports the context's error (not the
+		// address; see the report on AcquireError).
+		c := dlockClient(t, newRDB(t, addr), redislock.WithClientPool())
 		start := time.Now()
 		_, err := c.Acquire(ctxT(t, time.Second), key(t))
 		check(t, err, time.Since(start))
@@ -491,6 +501,9 @@ func TestPausedServerHonoursContext(t *testing.T) {
 				o.ReadTimeout = 2 * time.Second
 			})
 			b := newBackend(t, rdb)
+			// Connected: the abandoned call below is on the wire before
+			// the server stops, ahead of the later ones.
+			mustRelease(t, b, holding(t, b, req(key(t), time.Minute)))
 			if err := rdb.Ping(context.Background()).Err(); err != nil {
 				t.Fatal(err)
 			}

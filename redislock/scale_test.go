@@ -78,7 +78,12 @@ func TestManyLeasesAutoRenew(t *testing.T) {
 	heapHeld := heapInUse()
 	// Make sure the server has the refresh script cached, so the first
 	// tick is not a NOSCRIPT fallback (TestScriptFlush covers that).
+	// And that the pool, which renewals use, has its connection: its
+	// handshake is no renewal (acquisitions go on the Backend's own).
 	if err := leases[0].Refresh(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.Ping(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
 

@@ -94,5 +94,15 @@ func script(src string) *redis.Script {
 		}
 		lines[i] = lib + "\n"
 	}
-	return redis.NewScript(strings.Join(lines, ""))
+	full := strings.Join(lines, "")
+	sc := redis.NewScript(full)
+	sources[sc] = full
+	return sc
 }
+
+// sources holds each script's expanded source, for EVAL (redis.Script
+// does not give it out).
+var sources = map[*redis.Script]string{}
+
+// scriptSource returns the source of a script of this package.
+func scriptSource(s *redis.Script) string { return sources[s] }

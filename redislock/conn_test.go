@@ -1,0 +1,290 @@
+package redislock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/testserver"
+	"github.com/dlock-go/dlock/redislock"
+)
+
+// ownConns returns the connections to srv named name (CLIENT LIST).
+func ownConns(t testing.TB, rdb *redis.Client, name string) int {
+	t.Helper()
+	list, err := rdb.ClientList(context.Background()).Result()
+	if err != nil {
+		t.Fatalf("CLIENT LIST: %v", err)
+	}
+	return strings.Count(list, " name="+name+" ")
+}
+
+// TestOwnConnection: by default a Backend on a *redis.Client sends its
+// scripts on one connection of its own, named as the client's, which the
+// client's hooks do not see; WithClientPool sends them through the pool.
+func TestOwnConnection(t *testing.T) {
+	ctx := ctxT(t, 10*time.Second)
+	admin := newRDB(t, srv.Addr())
+	for _, pool := range []bool{false, true} {
+		t.Run(fmt.Sprintf("pool=%v", pool), func(t *testing.T) {
+			name := strings.ReplaceAll(key(t), "/", "-")
+			rdb := newRDB(t, srv.Addr(), func(o *redis.Options) { o.ClientName = name })
+			seen := 0
+			var mu sync.Mutex
+			rdb.AddHook(hookFunc(func(cmds []redis.Cmder, _ bool) error {
+				mu.Lock()
+				defer mu.Unlock()
+				for _, c := range cmds {
+					if c.Name() == "evalsha" || c.Name() == "eval" {
+						seen++
+					}
+				}
+				return nil
+			}))
+			var opts []redislock.Option
+			if pool {
+				opts = append(opts, redislock.WithClientPool())
+			}
+			b := newBackend(t, rdb, opts...)
+			var wg sync.WaitGroup
+			for i := range 16 {
+				wg.Go(func() {
+					r := holding(t, b, req(fmt.Sprintf("%s-%d", key(t), i), time.Minute))
+					mustRelease(t, b, r)
+				})
+			}
+			wg.Wait()
+			mu.Lock()
+			got := seen
+			mu.Unlock()
+			switch {
+			case pool && got < 32:
+				t.Fatalf("hooks saw %d scripts, want 32 through the pool", got)
+			case !pool && got != 0:
+				t.Fatalf("hooks saw %d scripts, want 0 (sent on the Backend's connection)", got)
+			case !pool:
+				n := ownConns(t, admin, name)
+				if n < 1 {
+					t.Fatalf("no connection named %q", name)
+				}
+				b.Close()
+				waitFor(t, 5*time.Second, "the Backend's connection closed by Close", func() bool { return ownConns(t, admin, name) == n-1 })
+				if _, err := b.TryAcquire(ctx, req(key(t), time.Minute)); !errors.Is(err, dlock.ErrClosed) {
+					t.Fatalf("TryAcquire after Close: got %v, want ErrClosed", err)
+				}
+			}
+		})
+	}
+}
+
+// TestOwnConnectionAuthDB: the Backend's connection logs in as the
+// client's user and selects its database.
+func TestOwnConnectionAuthDB(t *testing.T) {
+	ctx := ctxT(t, 10*time.Second)
+	admin := newRDB(t, srv.Addr())
+	user := strings.ReplaceAll(key(t), "/", "-")
+	if err := admin.Do(ctx, "ACL", "SETUSER", user, "on", ">secret", "~*", "&*", "+@all").Err(); err != nil {
+		t.Fatalf("ACL SETUSER: %v", err)
+	}
+	t.Cleanup(func() { admin.Do(context.Background(), "ACL", "DELUSER", user) })
+	for _, tc := range []struct {
+		name string
+		edit func(*redis.Options)
+	}{
+		{"Password", func(o *redis.Options) { o.Username, o.Password = user, "secret" }},
+		{"CredentialsProvider", func(o *redis.Options) {
+			o.CredentialsProvider = func() (string, string) { return user, "secret" }
+		}},
+		{"CredentialsProviderContext", func(o *redis.Options) {
+			o.CredentialsProviderContext = func(context.Context) (string, string, error) { return user, "secret", nil }
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rdb := newRDB(t, srv.Addr(), tc.edit, func(o *redis.Options) { o.DB = 3 })
+			b := newBackend(t, rdb)
+			r := holding(t, b, req(key(t), time.Minute))
+			db3 := newRDB(t, srv.Addr(), func(o *redis.Options) { o.DB = 3 })
+			if n := db3.Exists(ctx, b.LockName(r.Key)).Val(); n != 1 {
+				t.Fatalf("the lock in database 3: %d keys, want 1", n)
+			}
+			if n := admin.Exists(ctx, b.LockName(r.Key)).Val(); n != 0 {
+				t.Fatalf("the lock in database 0: %d keys, want 0", n)
+			}
+			mustRelease(t, b, r)
+		})
+	}
+	t.Run("DefaultUserPassword", func(t *testing.T) {
+		s := ownServer(t)
+		if _, err := s.Do(ctx, "CONFIG", "SET", "requirepass", "secret"); err != nil {
+			t.Fatalf("CONFIG SET requirepass: %v", err)
+		}
+		b := newBackend(t, newRDB(t, s.Addr(), func(o *redis.Options) { o.Password = "secret" }))
+		mustRelease(t, b, holding(t, b, req(key(t), time.Minute)))
+	})
+	t.Run("WrongPassword", func(t *testing.T) {
+		rdb := newRDB(t, srv.Addr(), func(o *redis.Options) { o.Username, o.Password = user, "wrong" })
+		b := newBackend(t, rdb)
+		_, err := b.TryAcquire(ctx, req(key(t), time.Minute))
+		if err == nil || !strings.Contains(err.Error(), "WRONGPASS") {
+			t.Fatalf("TryAcquire with a wrong password: got %v, want WRONGPASS", err)
+		}
+	})
+}
+
+// TestOwnConnectionRecovers: a Backend whose connection was killed, or
+// whose server restarted, dials again; calls between fail, none hangs.
+func TestOwnConnectionRecovers(t *testing.T) {
+	ctx := ctxT(t, 30*time.Second)
+	t.Run("ClientKill", func(t *testing.T) {
+		name := strings.ReplaceAll(key(t), "/", "-")
+		rdb := newRDB(t, srv.Addr(), func(o *redis.Options) { o.ClientName = name })
+		b := newBackend(t, rdb)
+		mustRelease(t, b, holding(t, b, req(key(t), time.Minute)))
+		admin := newRDB(t, srv.Addr())
+		if err := admin.Do(ctx, "CLIENT", "KILL", "SKIPME", "yes", "TYPE", "normal").Err(); err != nil {
+			t.Fatalf("CLIENT KILL: %v", err)
+		}
+		recovered(t, ctx, b)
+	})
+	t.Run("Restart", func(t *testing.T) {
+		rdb := newRDB(t, srv2.Addr())
+		b := newBackend(t, rdb)
+		mustRelease(t, b, holding(t, b, req(key(t), time.Minute)))
+		if err := srv2.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		if err := srv2.Restart(); err != nil {
+			t.Fatal(err)
+		}
+		recovered(t, ctx, b)
+	})
+}
+
+// recovered checks that b's calls succeed again within a few attempts.
+func recovered(t *testing.T, ctx context.Context, b *redislock.Backend) {
+	t.Helper()
+	var err error
+	for range 3 {
+		r := req(key(t), time.Minute)
+		var g dlock.Grant
+		if g, err = b.TryAcquire(ctx, r); err == nil {
+			if !g.OK {
+				t.Fatalf("a fresh key not granted: %+v", g)
+			}
+			r.Fence = g.Fence
+			mustRelease(t, b, r)
+			return
+		}
+	}
+	t.Fatalf("calls still fail after the connection was lost: %v", err)
+}
+
+// TestOwnConnectionPaused: with the server stopped, calls end with their
+// contexts, later ones at the client's ReadTimeout; once it runs again
+// the Backend works, and every reply reaches its own call.
+func TestOwnConnectionPaused(t *testing.T) {
+	s := ownServer(t)
+	rdb := newRDB(t, s.Addr(), func(o *redis.Options) {
+		o.ReadTimeout = 500 * time.Millisecond
+		o.ContextTimeoutEnabled = true
+	})
+	b := newBackend(t, rdb)
+	ctx := ctxT(t, 30*time.Second)
+	mustRelease(t, b, holding(t, b, req(key(t), time.Minute)))
+	if err := s.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	resumed := false
+	defer func() {
+		if !resumed {
+			s.Resume()
+		}
+	}()
+	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	_, err := b.TryAcquire(short, req(key(t), time.Minute))
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("TryAcquire on a stopped server, 100ms deadline: got %v, want DeadlineExceeded", err)
+	}
+	// No deadline: the ReadTimeout ends it (the connection is given up).
+	_, err = b.TryAcquire(context.Background(), req(key(t), time.Minute))
+	var ne interface{ Timeout() bool }
+	if !errors.As(err, &ne) || !ne.Timeout() {
+		t.Fatalf("TryAcquire on a stopped server, no deadline: got %v, want a timeout", err)
+	}
+	if err := s.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	resumed = true
+	// Many goroutines at once, some giving up at once: each grant must be
+	// for its own request.
+	var wg sync.WaitGroup
+	for i := range 64 {
+		wg.Go(func() {
+			r := req(fmt.Sprintf("%s-%d", key(t), i), time.Minute)
+			cctx := ctx
+			if i%4 == 0 {
+				// Ends about when the call is on the wire.
+				c, cancel := context.WithTimeout(ctx, time.Duration(20+i*3)*time.Microsecond)
+				defer cancel()
+				cctx = c
+			}
+			g, err := b.TryAcquire(cctx, r)
+			if i%4 == 0 {
+				return
+			}
+			if err != nil || !g.OK {
+				t.Errorf("TryAcquire %d: %+v, %v", i, g, err)
+				return
+			}
+			info, err := b.Inspect(ctx, r.Key)
+			if err != nil || info.Fence != g.Fence || info.Owner != r.Token {
+				t.Errorf("lock %d: %+v, %v; want fence %d of %s", i, info, err, g.Fence, r.Token)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// ownServer starts a redis-server of the test's own, stopped when it ends.
+func ownServer(t *testing.T) *testserver.Redis {
+	t.Helper()
+	s, err := testserver.StartRedis(testserver.RedisOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Stop() })
+	return s
+}
+
+// TestOwnConnectionGarbage: a Backend dropped without Close closes its
+// connection when it is garbage collected.
+func TestOwnConnectionGarbage(t *testing.T) {
+	name := strings.ReplaceAll(key(t), "/", "-")
+	rdb := newRDB(t, srv.Addr(), func(o *redis.Options) { o.ClientName = name })
+	admin := newRDB(t, srv.Addr())
+	func() {
+		b := redislock.New(rdb)
+		r := req(key(t), time.Minute)
+		g, err := b.TryAcquire(context.Background(), r)
+		if err != nil || !g.OK {
+			t.Fatalf("TryAcquire: %+v, %v", g, err)
+		}
+		r.Fence = g.Fence
+		if err := b.Release(context.Background(), r); err != nil {
+			t.Fatal(err)
+		}
+	}()
+	waitFor(t, 10*time.Second, "the dropped Backend's connection closed", func() bool {
+		runtime.GC()
+		return ownConns(t, admin, name) == 0
+	})
+}
