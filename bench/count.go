@@ -1,11 +1,9 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"crypto/tls"
 	"fmt"
-	"io"
 	"net"
 	"strconv"
 	"strings"
@@ -14,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dlock-go/dlock/internal/resp"
 	"github.com/dlock-go/dlock/internal/scale"
 )
 
@@ -24,8 +23,10 @@ import (
 // message, a keyspace invalidation) are reads and never count. Counting on
 // the connection covers what go-redis' command hooks miss (its pub/sub
 // connection bypasses them) and works the same for every client library:
-// the go-redis DialHook, rueidis' DialCtxFn, gRPC's context dialer and
-// go-zookeeper's dialer all wrap their connections with it.
+// the go-redis Dialer, rueidis' DialCtxFn, gRPC's context dialer and
+// go-zookeeper's dialer all wrap their connections with it. (The go-redis
+// Dialer rather than a DialHook: dlock's redislock dials a connection of
+// its own with the client's Dialer, which hooks do not see.)
 type counter struct {
 	requests atomic.Int64 // request bursts, all connections
 	commands atomic.Int64 // go-redis commands through the Process hooks (cross-check)
@@ -38,19 +39,11 @@ func (c *counter) wrap(conn net.Conn) net.Conn {
 	return scale.CountRequests(conn, &c.requests)
 }
 
-// redisHook counts go-redis traffic into a counter: connections through
-// DialHook, commands through the Process hooks.
+// redisHook counts the commands of go-redis' pool into a counter, through
+// the Process hooks.
 type redisHook struct{ c *counter }
 
-func (h redisHook) DialHook(next redis.DialHook) redis.DialHook {
-	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		conn, err := next(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		return h.c.wrap(conn), nil
-	}
-}
+func (h redisHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (h redisHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
@@ -68,14 +61,26 @@ func (h redisHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 
 // newRedisClient returns a go-redis client for addr with the options every
 // Redis subject shares: go-redis defaults plus ContextTimeoutEnabled (the
-// caller's context deadline bounds socket I/O), and a counting hook when c
-// is not nil. poolSize 0 keeps the go-redis default (10 per CPU).
+// caller's context deadline bounds socket I/O), and a counting dialer and
+// hook when c is not nil. poolSize 0 keeps the go-redis default (10 per
+// CPU).
 func newRedisClient(addr string, c *counter, poolSize int) *redis.Client {
-	rdb := redis.NewClient(&redis.Options{
+	o := &redis.Options{
 		Addr:                  addr,
 		ContextTimeoutEnabled: true,
 		PoolSize:              poolSize,
-	})
+	}
+	if c != nil {
+		d := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 5 * time.Minute} // go-redis' own
+		o.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			conn, err := d.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return c.wrap(conn), nil
+		}
+	}
+	rdb := redis.NewClient(o)
 	if c != nil {
 		rdb.AddHook(redisHook{c})
 	}
@@ -144,44 +149,13 @@ func flush(addr string) error {
 // respCall sends one command on a new connection and returns a simple or
 // bulk string reply.
 func respCall(ctx context.Context, addr string, args ...string) (string, error) {
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "tcp", addr)
+	v, err := resp.Do(ctx, addr, time.Minute, args...)
 	if err != nil {
-		return "", err
+		return "", fmt.Errorf("redis %s: %w", args[0], err)
 	}
-	defer conn.Close()
-	if dl, ok := ctx.Deadline(); ok {
-		_ = conn.SetDeadline(dl)
+	str, ok := v.(string)
+	if !ok {
+		return "", fmt.Errorf("redis %s: unexpected reply %v", args[0], v)
 	}
-	var b strings.Builder
-	fmt.Fprintf(&b, "*%d\r\n", len(args))
-	for _, a := range args {
-		fmt.Fprintf(&b, "$%d\r\n%s\r\n", len(a), a)
-	}
-	if _, err := io.WriteString(conn, b.String()); err != nil {
-		return "", err
-	}
-	r := bufio.NewReader(conn)
-	line, err := r.ReadString('\n')
-	if err != nil {
-		return "", err
-	}
-	line = strings.TrimRight(line, "\r\n")
-	switch {
-	case strings.HasPrefix(line, "+"):
-		return line[1:], nil
-	case strings.HasPrefix(line, "-"):
-		return "", fmt.Errorf("redis %s: %s", args[0], line[1:])
-	case strings.HasPrefix(line, "$"):
-		n, err := strconv.Atoi(line[1:])
-		if err != nil || n < 0 {
-			return "", fmt.Errorf("redis %s: bad reply %q", args[0], line)
-		}
-		buf := make([]byte, n+2)
-		if _, err := io.ReadFull(r, buf); err != nil {
-			return "", err
-		}
-		return string(buf[:n]), nil
-	}
-	return "", fmt.Errorf("redis %s: unexpected reply %q", args[0], line)
+	return str, nil
 }

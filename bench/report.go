@@ -87,7 +87,7 @@ func (r *report) markdown() string {
 	w("would triple its work) and `NoLoopTracking` (recommended for Redis ≥ 7.0.5). etcd's `concurrency.Mutex` uses one session per ")
 	w("client; go-zookeeper's `zk.Lock` one connection per client.\n")
 	w("- **Clients.** go-redis v9 with its defaults plus `ContextTimeoutEnabled` for every go-redis based subject; rueidis with its defaults.\n")
-	w("- **Client requests** are counted on the client's sockets (a go-redis `DialHook`, rueidis' `DialCtxFn`, gRPC's and ")
+	w("- **Client requests** are counted on the client's sockets (a go-redis `Dialer`, rueidis' `DialCtxFn`, gRPC's and ")
 	w("go-zookeeper's dialers wrap each connection): a request is a burst of bytes the client writes after it last received ")
 	w("something — one command, one pipeline or one pub/sub SUBSCRIBE. This also sees go-redis' pub/sub connection, which its ")
 	w("command hooks do not. Bytes the server pushes (a published message, an invalidation) are never requests. ")
