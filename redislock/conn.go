@@ -55,17 +55,56 @@ func newPipeConn(rdb Client) *pipeConn {
 // would (redis.Nil for a nil reply). A script the server does not have
 // (NOSCRIPT) is sent again by its source.
 func (pc *pipeConn) run(ctx context.Context, s *redis.Script, keys []string, args []any) (any, error) {
-	v, err := pc.do(ctx, "EVALSHA", s.Hash(), keys, args)
-	if e, ok := err.(resp.Error); ok && strings.HasPrefix(string(e), "NOSCRIPT") {
-		v, err = pc.do(ctx, "EVAL", scriptSource(s), keys, args)
+	c := scriptCall{s, keys, args}
+	v, err := pc.do(ctx, "EVALSHA", &c)
+	if noScriptReply(err) {
+		v, err = pc.do(ctx, "EVAL", &c)
 	}
 	return v, err
 }
 
-// do sends cmd (EVAL or EVALSHA) with script, keys and args and waits for
-// its reply or the end of ctx. A call whose ctx ends after it was written
-// returns ctx's error; its reply is read and dropped.
-func (pc *pipeConn) do(ctx context.Context, cmd, script string, keys []string, args []any) (any, error) {
+// runMany runs calls in one write and returns their replies as
+// commands, as runScripts does; those that got NOSCRIPT are sent again
+// by their source, together.
+func (pc *pipeConn) runMany(ctx context.Context, calls []scriptCall) []*redis.Cmd {
+	cmds := make([]*redis.Cmd, len(calls))
+	cs := make([]*scriptCall, len(calls))
+	for i := range calls {
+		cs[i] = &calls[i]
+	}
+	vs, errs := pc.doMany(ctx, "EVALSHA", cs)
+	var again []int
+	for i, err := range errs {
+		if noScriptReply(err) {
+			again = append(again, i)
+		}
+	}
+	if len(again) > 0 {
+		retry := make([]*scriptCall, len(again))
+		for j, i := range again {
+			retry[j] = cs[i]
+		}
+		rv, rerrs := pc.doMany(ctx, "EVAL", retry)
+		for j, i := range again {
+			vs[i], errs[i] = rv[j], rerrs[j]
+		}
+	}
+	for i := range cmds {
+		cmds[i] = redis.NewCmd(ctx)
+		cmds[i].SetVal(vs[i])
+		cmds[i].SetErr(errs[i])
+	}
+	return cmds
+}
+
+func noScriptReply(err error) bool {
+	e, ok := err.(resp.Error)
+	return ok && strings.HasPrefix(string(e), "NOSCRIPT")
+}
+
+// do sends one call with cmd (EVALSHA, or EVAL with its source) and waits
+// for its reply or the end of ctx, as doMany does for several.
+func (pc *pipeConn) do(ctx context.Context, cmd string, c *scriptCall) (any, error) {
 	w, err := pc.wire(ctx)
 	if err == nil {
 		err = ctx.Err() // ended meanwhile: not sent
@@ -73,21 +112,78 @@ func (pc *pipeConn) do(ctx context.Context, cmd, script string, keys []string, a
 	if err != nil {
 		return nil, err
 	}
-	c := pcallPool.Get().(*pcall)
-	c.buf = appendCommand(c.buf[:0], cmd, script, keys, args)
-	if err := w.send(c); err != nil {
-		c.recycle()
+	p := pcallPool.Get().(*pcall)
+	p.buf = c.append(p.buf[:0], cmd)
+	if err := w.send(p); err != nil {
+		p.recycle()
 		return nil, err
 	}
 	select {
-	case <-c.done:
-		v, err := c.v, c.err
-		c.recycle()
+	case <-p.done:
+		v, err := p.v, p.err
+		p.recycle()
 		return v, err
 	case <-ctx.Done():
-		// The reader still signals c.done: c cannot be reused.
+		// The reader still signals p.done: p cannot be reused.
 		return nil, ctx.Err()
 	}
+}
+
+// append appends c as a command: EVALSHA, or EVAL with the script's
+// source.
+func (c *scriptCall) append(b []byte, cmd string) []byte {
+	script := c.s.Hash()
+	if cmd == "EVAL" {
+		script = scriptSource(c.s)
+	}
+	return appendCommand(b, cmd, script, c.keys, c.args)
+}
+
+// doMany sends calls with cmd (EVALSHA, or EVAL with their sources) in one
+// write and waits for their replies or the end of ctx. A call whose ctx
+// ends after it was written gets ctx's error; its reply is read and
+// dropped.
+func (pc *pipeConn) doMany(ctx context.Context, cmd string, calls []*scriptCall) ([]any, []error) {
+	vs, errs := make([]any, len(calls)), make([]error, len(calls))
+	fail := func(err error) ([]any, []error) {
+		for i := range errs {
+			errs[i] = err
+		}
+		return vs, errs
+	}
+	w, err := pc.wire(ctx)
+	if err == nil {
+		err = ctx.Err() // ended meanwhile: not sent
+	}
+	if err != nil {
+		return fail(err)
+	}
+	pcs := make([]*pcall, len(calls))
+	for i, c := range calls {
+		pcs[i] = pcallPool.Get().(*pcall)
+		pcs[i].buf = c.append(pcs[i].buf[:0], cmd)
+	}
+	if err := w.send(pcs...); err != nil {
+		for _, p := range pcs {
+			p.recycle()
+		}
+		return fail(err)
+	}
+	for i, p := range pcs {
+		select {
+		case <-p.done:
+			vs[i], errs[i] = p.v, p.err
+			p.recycle()
+		case <-ctx.Done():
+			// The reader still signals the calls left: they cannot be
+			// reused.
+			for j := i; j < len(pcs); j++ {
+				errs[j] = ctx.Err()
+			}
+			return vs, errs
+		}
+	}
+	return vs, errs
 }
 
 // wire returns the live connection, dialling one if there is none. A
@@ -274,16 +370,16 @@ func (w *wire) failed() bool {
 	return w.err != nil
 }
 
-// send queues c and, if no write is under way, writes it and every call
-// queued until the queue is empty.
-func (w *wire) send(c *pcall) error {
+// send queues cs and, if no write is under way, writes them and every
+// call queued until the queue is empty.
+func (w *wire) send(cs ...*pcall) error {
 	w.mu.Lock()
 	if w.err != nil {
 		err := w.err
 		w.mu.Unlock()
 		return err
 	}
-	w.queue = append(w.queue, c)
+	w.queue = append(w.queue, cs...)
 	if w.writing {
 		w.mu.Unlock()
 		return nil

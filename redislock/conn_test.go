@@ -4,15 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/scale"
 	"github.com/dlock-go/dlock/internal/testserver"
 	"github.com/dlock-go/dlock/redislock"
 )
@@ -287,4 +290,55 @@ func TestOwnConnectionGarbage(t *testing.T) {
 		runtime.GC()
 		return ownConns(t, admin, name) == 0
 	})
+}
+
+// TestRefreshManyOneWrite: RefreshMany of many leases on the Backend's own
+// connection is one request (one write burst, one round trip), also after
+// SCRIPT FLUSH (then one more, the NOSCRIPT ones sent again).
+func TestRefreshManyOneWrite(t *testing.T) {
+	var requests atomic.Int64
+	rdb := newRDB(t, srv.Addr(), func(o *redis.Options) {
+		var d net.Dialer
+		o.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := d.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return scale.CountRequests(c, &requests), nil
+		}
+	})
+	b := newBackend(t, rdb)
+	ctx := ctxT(t, 30*time.Second)
+	rs := make([]dlock.Request, 500)
+	for i := range rs {
+		rs[i] = holding(t, b, req(fmt.Sprintf("%s-%d", key(t), i), time.Minute))
+	}
+	lost := req(key(t), time.Minute)
+	rs = append(rs, lost)
+	for _, flush := range []bool{false, true} {
+		if flush {
+			if err := newRDB(t, srv.Addr()).ScriptFlush(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		before := requests.Load()
+		errs := b.RefreshMany(ctx, rs)
+		sent := requests.Load() - before
+		for i, err := range errs[:len(errs)-1] {
+			if err != nil {
+				t.Fatalf("flush=%v: refresh %d: %v", flush, i, err)
+			}
+		}
+		if !errors.Is(errs[len(errs)-1], dlock.ErrNotHeld) {
+			t.Fatalf("flush=%v: refresh of a lock not held: %v, want ErrNotHeld", flush, errs[len(errs)-1])
+		}
+		want := int64(1)
+		if flush {
+			want = 2
+		}
+		if sent != want {
+			t.Fatalf("flush=%v: RefreshMany of %d leases took %d requests, want %d", flush, len(rs), sent, want)
+		}
+	}
+	mustRelease(t, b, rs[:len(rs)-1]...)
 }

@@ -128,8 +128,8 @@
 //     decrements the count, or hands the lock to the first live waiter,
 //     or deletes it (or leaves a tombstone, see Fencing);
 //   - refresh.lua compares the token and fence and extends the deadline;
-//     RefreshMany sends one refresh per lease in ONE pipeline (one round
-//     trip per server; a ClusterClient splits it by node);
+//     RefreshMany sends one refresh per lease in one write or pipeline
+//     (one round trip per server; a ClusterClient splits it by node);
 //   - queue.lua is one step of a wait (join, heartbeat, take), leave.lua
 //     takes a waiter that gives up out of the queue;
 //   - acquire_all.lua takes several locks of one slot, all or none;
@@ -162,8 +162,9 @@
 // ReadTimeout and WriteTimeout bound its reads and writes while calls wait
 // for replies; Close, or the Backend becoming garbage, closes it. go-redis'
 // hooks (DialHook included) and limiters do not see these commands or
-// this connection; RefreshMany, Inspect, ForceRelease, the give-backs of
-// abandoned grants and the pub/sub subscription still use the client.
+// this connection; Inspect, ForceRelease, the give-backs of abandoned
+// grants and the pub/sub subscription still use the client. RefreshMany
+// writes all its refreshes at once, one round trip.
 //
 // A ClusterClient, a Sentinel failover client (go-redis moves its
 // connections at a fail-over), a client with an OnConnect hook or a

@@ -27,7 +27,7 @@ const (
 	DefaultWaiterTTL = 400 * time.Millisecond
 
 	// DefaultPipelines is how many pipelines of script calls a Backend has
-	// in flight at once (see WithPipelines).
+	// in flight at once through the client's pool (see WithPipelines).
 	DefaultPipelines = 2
 
 	// maxPipelines bounds WithPipelines.

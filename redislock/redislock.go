@@ -354,12 +354,12 @@ func (b *Backend) Release(ctx context.Context, r dlock.Request) error {
 	return parseRelease(v, r.Key)
 }
 
-// RefreshMany implements dlock.BatchRefresher: every refresh in ONE
-// pipeline, so one round trip per server (a ClusterClient splits the
-// pipeline by node). If the server lost the script (SCRIPT FLUSH, a
-// restart), the refreshes that got NOSCRIPT are sent again after a
-// SCRIPT LOAD (or with EVAL, for a single one or if that fails). The result has one entry per request: nil, an error
-// matching dlock.ErrNotHeld, or the reason the call failed.
+// RefreshMany implements dlock.BatchRefresher: every refresh in one write
+// on the Backend's own connection, or in ONE pipeline through the pool (a
+// ClusterClient splits it by node): one round trip per server. Refreshes
+// that got NOSCRIPT (SCRIPT FLUSH, a restart) are sent again with the
+// script. The result has one entry per request: nil, an error matching
+// dlock.ErrNotHeld, or the reason the call failed.
 func (b *Backend) RefreshMany(ctx context.Context, rs []dlock.Request) []error {
 	errs := make([]error, len(rs))
 	idx := make([]int, 0, len(rs))
@@ -378,6 +378,9 @@ func (b *Backend) RefreshMany(ctx context.Context, rs []dlock.Request) []error {
 		calls[j].s, calls[j].keys, calls[j].args = b.refreshCall(rs[i]) // refresh.lua, or kind_refresh.lua
 	}
 	run := func(ctx context.Context) ([]*redis.Cmd, error) {
+		if b.pc != nil {
+			return b.pc.runMany(ctx, calls), nil
+		}
 		return runScripts(ctx, b.rdb, len(calls), func(j int) scriptCall { return calls[j] }), nil
 	}
 	cmds, err := guard(b, ctx, true, run, nil)
