@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"net"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -64,15 +66,15 @@ func (pc *pipeConn) run(ctx context.Context, s *redis.Script, keys []string, arg
 }
 
 // runMany runs calls in one write and returns their replies as
-// commands, as runScripts does; those that got NOSCRIPT are sent again
-// by their source, together.
+// commands, as runScripts does. Those that got NOSCRIPT are sent again in
+// one write behind a SCRIPT LOAD of each of their scripts (not with their
+// sources: a renewal of 100,000 leases would send a gigabyte).
 func (pc *pipeConn) runMany(ctx context.Context, calls []scriptCall) []*redis.Cmd {
-	cmds := make([]*redis.Cmd, len(calls))
 	cs := make([]*scriptCall, len(calls))
 	for i := range calls {
 		cs[i] = &calls[i]
 	}
-	vs, errs := pc.doMany(ctx, "EVALSHA", cs)
+	vs, errs := pc.doMany(ctx, nil, cs)
 	var again []int
 	for i, err := range errs {
 		if noScriptReply(err) {
@@ -80,15 +82,20 @@ func (pc *pipeConn) runMany(ctx context.Context, calls []scriptCall) []*redis.Cm
 		}
 	}
 	if len(again) > 0 {
+		var loads []*redis.Script
 		retry := make([]*scriptCall, len(again))
 		for j, i := range again {
 			retry[j] = cs[i]
+			if !slices.Contains(loads, cs[i].s) {
+				loads = append(loads, cs[i].s)
+			}
 		}
-		rv, rerrs := pc.doMany(ctx, "EVAL", retry)
+		rv, rerrs := pc.doMany(ctx, loads, retry)
 		for j, i := range again {
 			vs[i], errs[i] = rv[j], rerrs[j]
 		}
 	}
+	cmds := make([]*redis.Cmd, len(calls))
 	for i := range cmds {
 		cmds[i] = redis.NewCmd(ctx)
 		cmds[i].SetVal(vs[i])
@@ -139,11 +146,11 @@ func (c *scriptCall) append(b []byte, cmd string) []byte {
 	return appendCommand(b, cmd, script, c.keys, c.args)
 }
 
-// doMany sends calls with cmd (EVALSHA, or EVAL with their sources) in one
-// write and waits for their replies or the end of ctx. A call whose ctx
-// ends after it was written gets ctx's error; its reply is read and
-// dropped.
-func (pc *pipeConn) doMany(ctx context.Context, cmd string, calls []*scriptCall) ([]any, []error) {
+// doMany sends a SCRIPT LOAD of each of loads, then calls (EVALSHA), in
+// one write, and waits for the calls' replies or the end of ctx. When ctx
+// ends first every call gets ctx's error (their replies are read and
+// dropped).
+func (pc *pipeConn) doMany(ctx context.Context, loads []*redis.Script, calls []*scriptCall) ([]any, []error) {
 	vs, errs := make([]any, len(calls)), make([]error, len(calls))
 	fail := func(err error) ([]any, []error) {
 		for i := range errs {
@@ -158,32 +165,29 @@ func (pc *pipeConn) doMany(ctx context.Context, cmd string, calls []*scriptCall)
 	if err != nil {
 		return fail(err)
 	}
-	pcs := make([]*pcall, len(calls))
-	for i, c := range calls {
-		pcs[i] = pcallPool.Get().(*pcall)
-		pcs[i].buf = c.append(pcs[i].buf[:0], cmd)
+	g := &pgroup{done: make(chan struct{}, 1)}
+	g.left.Store(int64(len(loads) + len(calls)))
+	pcs := make([]*pcall, 0, len(loads)+len(calls))
+	for _, s := range loads {
+		pcs = append(pcs, &pcall{buf: resp.AppendCommand(nil, "SCRIPT", "LOAD", scriptSource(s)), group: g})
+	}
+	for _, c := range calls {
+		pcs = append(pcs, &pcall{buf: c.append(nil, "EVALSHA"), group: g})
 	}
 	if err := w.send(pcs...); err != nil {
-		for _, p := range pcs {
-			p.recycle()
-		}
 		return fail(err)
 	}
-	for i, p := range pcs {
-		select {
-		case <-p.done:
+	select {
+	case <-g.done:
+		for i, p := range pcs[len(loads):] {
 			vs[i], errs[i] = p.v, p.err
-			p.recycle()
-		case <-ctx.Done():
-			// The reader still signals the calls left: they cannot be
-			// reused.
-			for j := i; j < len(pcs); j++ {
-				errs[j] = ctx.Err()
-			}
-			return vs, errs
 		}
+		return vs, errs
+	case <-ctx.Done():
+		// Which replies came is not known without waiting for the rest:
+		// all report the end of ctx.
+		return fail(ctx.Err())
 	}
-	return vs, errs
 }
 
 // wire returns the live connection, dialling one if there is none. A
@@ -275,6 +279,26 @@ type pcall struct {
 	v    any
 	err  error
 	done chan struct{}
+	// group, when set, is signalled instead of done once every call of
+	// its batch has its reply (doMany): one wake-up for the batch.
+	group *pgroup
+}
+
+// A pgroup is the calls of one doMany.
+type pgroup struct {
+	left atomic.Int64
+	done chan struct{}
+}
+
+// finish records that c has its reply (v, err set) and tells its waiter.
+func (c *pcall) finish() {
+	if g := c.group; g != nil {
+		if g.left.Add(-1) == 0 {
+			g.done <- struct{}{}
+		}
+		return
+	}
+	c.done <- struct{}{}
 }
 
 var pcallPool = sync.Pool{New: func() any { return &pcall{done: make(chan struct{}, 1)} }}
@@ -449,7 +473,7 @@ func (w *wire) read() {
 		}
 		w.mu.Unlock()
 		c.v, c.err = v, err
-		c.done <- struct{}{}
+		c.finish()
 	}
 }
 
@@ -468,7 +492,7 @@ func (w *wire) fail(err error) {
 	w.nc.Close()
 	for _, c := range calls {
 		c.v, c.err = nil, err
-		c.done <- struct{}{}
+		c.finish()
 	}
 }
 

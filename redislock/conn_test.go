@@ -293,8 +293,9 @@ func TestOwnConnectionGarbage(t *testing.T) {
 }
 
 // TestRefreshManyOneWrite: RefreshMany of many leases on the Backend's own
-// connection is one request (one write burst, one round trip), also after
-// SCRIPT FLUSH (then one more, the NOSCRIPT ones sent again).
+// connection is one request (one write burst, one round trip); after
+// SCRIPT FLUSH one more, the NOSCRIPT ones sent again behind one SCRIPT
+// LOAD, not each with the script's source.
 func TestRefreshManyOneWrite(t *testing.T) {
 	var requests atomic.Int64
 	rdb := newRDB(t, srv.Addr(), func(o *redis.Options) {
@@ -308,6 +309,7 @@ func TestRefreshManyOneWrite(t *testing.T) {
 		}
 	})
 	b := newBackend(t, rdb)
+	admin := newRDB(t, srv.Addr())
 	ctx := ctxT(t, 30*time.Second)
 	rs := make([]dlock.Request, 500)
 	for i := range rs {
@@ -315,15 +317,22 @@ func TestRefreshManyOneWrite(t *testing.T) {
 	}
 	lost := req(key(t), time.Minute)
 	rs = append(rs, lost)
+	if err := b.Refresh(ctx, rs[0]); err != nil { // refresh.lua loaded
+		t.Fatal(err)
+	}
 	for _, flush := range []bool{false, true} {
 		if flush {
-			if err := newRDB(t, srv.Addr()).ScriptFlush(ctx).Err(); err != nil {
+			if err := admin.ScriptFlush(ctx).Err(); err != nil {
 				t.Fatal(err)
 			}
 		}
+		evals := cmdCalls(t, admin, "eval")
 		before := requests.Load()
 		errs := b.RefreshMany(ctx, rs)
 		sent := requests.Load() - before
+		if n := cmdCalls(t, admin, "eval") - evals; n != 0 {
+			t.Fatalf("flush=%v: RefreshMany sent %d scripts with their source, want none (one SCRIPT LOAD)", flush, n)
+		}
 		for i, err := range errs[:len(errs)-1] {
 			if err != nil {
 				t.Fatalf("flush=%v: refresh %d: %v", flush, i, err)
