@@ -76,8 +76,10 @@ type Backend struct {
 	closed       atomic.Bool
 	hub          hub
 	// pc is the Backend's own pipelined connection (nil when the client
-	// is not one it can dial, with WithClientPool or WithReplicas).
-	pc *pipeConn
+	// is not one it can dial, with WithClientPool or WithReplicas), and
+	// renew a second one for RefreshMany, whose large batches would hold
+	// up the calls queued behind them.
+	pc, renew *pipeConn
 	// batch sends concurrent script calls together through the client's
 	// pool (nil with pc, or with WithPipelines(0)).
 	batch *batcher
@@ -128,8 +130,10 @@ func New(rdb Client, opts ...Option) *Backend {
 		b.pc = newPipeConn(rdb)
 	}
 	if b.pc != nil {
+		b.renew = newPipeConn(rdb)
 		// Closed with the Backend, or when it is garbage without Close.
 		runtime.AddCleanup(b, (*pipeConn).close, b.pc)
+		runtime.AddCleanup(b, (*pipeConn).close, b.renew)
 	} else if b.cfg.pipelines > 0 {
 		b.batch = &batcher{rdb: rdb, max: b.cfg.pipelines}
 	}
@@ -355,7 +359,8 @@ func (b *Backend) Release(ctx context.Context, r dlock.Request) error {
 }
 
 // RefreshMany implements dlock.BatchRefresher: every refresh in one write
-// on the Backend's own connection, or in ONE pipeline through the pool (a
+// on the Backend's own renewal connection, or in ONE pipeline through the
+// pool (a
 // ClusterClient splits it by node): one round trip per server. Refreshes
 // that got NOSCRIPT (SCRIPT FLUSH, a restart) are sent again with the
 // script. The result has one entry per request: nil, an error matching
@@ -378,8 +383,8 @@ func (b *Backend) RefreshMany(ctx context.Context, rs []dlock.Request) []error {
 		calls[j].s, calls[j].keys, calls[j].args = b.refreshCall(rs[i]) // refresh.lua, or kind_refresh.lua
 	}
 	run := func(ctx context.Context) ([]*redis.Cmd, error) {
-		if b.pc != nil {
-			return b.pc.runMany(ctx, calls), nil
+		if b.renew != nil {
+			return b.renew.runMany(ctx, calls), nil
 		}
 		return runScripts(ctx, b.rdb, len(calls), func(j int) scriptCall { return calls[j] }), nil
 	}
@@ -480,16 +485,17 @@ func (b *Backend) inspect(ctx context.Context, op, key string, del bool) (dlock.
 	return dlock.Info{}, unexpected(op, v)
 }
 
-// Close ends the Backend's own connection and its subscription connection,
-// and their goroutines; it does not close the go-redis client passed to
-// New. Calls still waiting for a reply and later calls fail with an error
-// matching dlock.ErrClosed. Close is idempotent.
+// Close ends the Backend's own connections and its subscription
+// connection, and their goroutines; it does not close the go-redis client
+// passed to New. Calls still waiting for a reply and later calls fail with
+// an error matching dlock.ErrClosed. Close is idempotent.
 func (b *Backend) Close() error {
 	if b.closed.Swap(true) {
 		return nil
 	}
 	if b.pc != nil {
 		b.pc.close()
+		b.renew.close()
 	}
 	return b.hub.close()
 }
