@@ -165,6 +165,7 @@ func (pc *pipeConn) doMany(ctx context.Context, loads []*redis.Script, calls []*
 	if err != nil {
 		return fail(err)
 	}
+	loads = w.toLoad(loads, calls)
 	g := &pgroup{done: make(chan struct{}, 1)}
 	g.left.Store(int64(len(loads) + len(calls)))
 	pcs := make([]*pcall, 0, len(loads)+len(calls))
@@ -269,7 +270,8 @@ type wire struct {
 	sent    []*pcall // written, in order, waiting for their replies
 	writing bool
 	err     error
-	out     []byte // the write buffer, owned by the writer
+	loaded  map[*redis.Script]bool // scripts a batch loaded (toLoad)
+	out     []byte                 // the write buffer, owned by the writer
 }
 
 // A pcall is one command on a wire: its encoding, and its reply once
@@ -386,6 +388,29 @@ func (w *wire) handshake(ctx context.Context, o *redis.Options) error {
 		}
 	}
 	return nil
+}
+
+// toLoad returns loads and the scripts of calls not loaded on w yet (by
+// an earlier batch), and records them as loaded: a batch on a fresh
+// connection (the renewal connection's first) loads its scripts in the
+// same write instead of learning of them from NOSCRIPT, a round trip
+// later.
+func (w *wire) toLoad(loads []*redis.Script, calls []*scriptCall) []*redis.Script {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.loaded == nil {
+		w.loaded = map[*redis.Script]bool{}
+	}
+	for _, s := range loads {
+		w.loaded[s] = true
+	}
+	for _, c := range calls {
+		if !w.loaded[c.s] {
+			w.loaded[c.s] = true
+			loads = append(loads, c.s)
+		}
+	}
+	return loads
 }
 
 func (w *wire) failed() bool {
