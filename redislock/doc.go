@@ -82,9 +82,11 @@
 //	                          (scripts that created lib.lua's functions
 //	                          on every call: median 0.77×, 0.59–1.09×,
 //	                          in runs alternating with them); in the
-//	                          latest full run (load 0.2–1.5) 0.73× the
-//	                          floor, 0.89× the fenced floor
-//	S3, 16 clients, one key   default options: 3,450 hand-offs/s, 1.75×
+//	                          latest full run 0.92× the fenced floor
+//	S2, 32 goroutines         35,296 ops/s, 1.10× rueidislock, on the
+//	                          Backend's own connection (0.88× through the
+//	                          go-redis pool in the run before)
+//	S3, 16 clients, one key   default options: 2,699 hand-offs/s, 1.65×
 //	                          rueidislock (1.54–2.03× over earlier runs),
 //	                          Jain 1.000, 2.01 requests and 13.0 server
 //	                          commands per acquisition
