@@ -27,30 +27,46 @@ func TestMain(m *testing.M) {
 	)
 }
 
-// TestQuickRun runs the runner in quick mode on S1 and S3 for dlock's
-// redislock, one peer and the two floors, and checks that the report has its
-// tables, rows and charts. It does not judge the figures.
-func TestQuickRun(t *testing.T) {
+// quickRun runs the runner with args, writing the report to out (or to
+// stdout if out is ""), and returns the report and the log. It skips the
+// test with -short (why says what the run does) or when a server of bins
+// is not installed, and fails it if the run fails.
+func quickRun(t *testing.T, why string, bins []string, out string, args ...string) (md, log string) {
+	t.Helper()
 	if testing.Short() {
-		t.Skip("starts redis-server and runs the benchmark for ~10 s; skipped with -short")
+		t.Skip(why + "; skipped with -short")
 	}
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		t.Skip("redis-server not installed (scripts/install-servers.sh installs it)")
+	for _, bin := range bins {
+		if _, err := exec.LookPath(bin); err != nil {
+			t.Skipf("%s not installed (scripts/install-servers.sh installs it)", bin)
+		}
 	}
-	dir := t.TempDir()
-	out := filepath.Join(dir, "BENCHMARKS.md")
-	var stderr bytes.Buffer
-	start := time.Now()
-	err := run1([]string{"-quick", "-scenarios", "S1,S3", "-backends", "floor,fenced-floor,redislock,bsm", "-out", out}, io.Discard, &stderr)
-	if err != nil {
+	if out != "" {
+		args = append(args, "-out", out)
+	}
+	var stdout, stderr bytes.Buffer
+	if err := run1(append([]string{"-quick"}, args...), &stdout, &stderr); err != nil {
 		t.Fatalf("run1: got error %v, want nil; log:\n%s", err, stderr.String())
 	}
-	t.Logf("quick run took %v", time.Since(start).Round(time.Millisecond))
+	if out == "" {
+		return stdout.String(), stderr.String()
+	}
 	b, err := os.ReadFile(out)
 	if err != nil {
 		t.Fatal(err)
 	}
-	md := string(b)
+	return string(b), stderr.String()
+}
+
+// TestQuickRun runs the runner in quick mode on S1 and S3 for dlock's
+// redislock, one peer and the two floors, and checks that the report has its
+// tables, rows and charts. It does not judge the figures.
+func TestQuickRun(t *testing.T) {
+	dir := t.TempDir()
+	start := time.Now()
+	md, log := quickRun(t, "starts redis-server and runs the benchmark for ~10 s", []string{"redis-server"},
+		filepath.Join(dir, "BENCHMARKS.md"), "-scenarios", "S1,S3", "-backends", "floor,fenced-floor,redislock,bsm")
+	t.Logf("quick run took %v", time.Since(start).Round(time.Millisecond))
 	for _, want := range []string{
 		"## Machine", "## Targets", "## S1 — uncontended", "## S3 — contended",
 		"| backend | server | ops/s | × floor | × best peer |",
@@ -71,7 +87,7 @@ func TestQuickRun(t *testing.T) {
 		t.Errorf("dlock redislock rows: got %d, want 2 (S1 and S3)", got)
 	}
 	if strings.Contains(md, "every run failed") {
-		t.Errorf("a subject failed every run:\n%s\nlog:\n%s", md, stderr.String())
+		t.Errorf("a subject failed every run:\n%s\nlog:\n%s", md, log)
 	}
 	for _, name := range []string{"s1_latency.svg", "s3_handoffs_fairness.svg"} {
 		fi, err := os.Stat(filepath.Join(dir, "bench", name))
@@ -87,18 +103,8 @@ func TestQuickRun(t *testing.T) {
 // and memlock (each in its measurement child) and checks the table: the
 // leases asked for, all taken, none lost.
 func TestQuickS5(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts redis-server and holds leases for a few seconds; skipped with -short")
-	}
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		t.Skip("redis-server not installed (scripts/install-servers.sh installs it)")
-	}
-	var stdout, stderr bytes.Buffer
-	err := run1([]string{"-quick", "-scenarios", "S5", "-backends", "redislock,memlock", "-s5-leases", "300"}, &stdout, &stderr)
-	if err != nil {
-		t.Fatalf("run1: got error %v, want nil; log:\n%s", err, stderr.String())
-	}
-	md := stdout.String()
+	md, log := quickRun(t, "starts redis-server and holds leases for a few seconds", []string{"redis-server"},
+		"", "-scenarios", "S5", "-backends", "redislock,memlock", "-s5-leases", "300")
 	for _, want := range []string{
 		"One client takes 300 leases",
 		"| **dlock redislock** | Redis | 300 |",
@@ -107,7 +113,7 @@ func TestQuickS5(t *testing.T) {
 		"| S5: dlock memlock — no lease lost | 0 of 300 lost | ✅ met |",
 	} {
 		if !strings.Contains(md, want) {
-			t.Errorf("report lacks %q; got:\n%s\nlog:\n%s", want, md, stderr.String())
+			t.Errorf("report lacks %q; got:\n%s\nlog:\n%s", want, md, log)
 		}
 	}
 	if strings.Contains(md, "Incomplete fills") {

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"os"
 	"os/exec"
 	"strings"
@@ -21,12 +20,7 @@ const childEnv = "DLOCK_BENCH_CHILD"
 type childSpec struct {
 	childTarget
 	Run       int           `json:"run"`
-	Quick     bool          `json:"quick"`
-	Leases    int           `json:"leases"`
-	TTL       time.Duration `json:"ttl"`
-	Hold      time.Duration `json:"hold"`
-	FillMax   time.Duration `json:"fill_max"`
-	Poll      time.Duration `json:"poll"`
+	Config    savedConfig   `json:"config"`
 	OpTimeout time.Duration `json:"op_timeout"`
 }
 
@@ -42,20 +36,12 @@ func runChild(raw string) error {
 	if err != nil {
 		return err
 	}
-	c := fullConfig()
-	c.quick, c.poll = spec.Quick, spec.Poll
-	c.s5Leases, c.s5TTL, c.s5Hold, c.s5FillMax = spec.Leases, spec.TTL, spec.Hold, spec.FillMax
 	opTimeout = spec.OpTimeout
-	m, err := measureS5Local(e, c, s, spec.Run)
+	m, err := measureS5Local(e, spec.Config.config(), s, spec.Run)
 	if err != nil {
 		return err
 	}
-	for k, v := range m { // JSON has no NaN
-		if math.IsNaN(v) || math.IsInf(v, 0) {
-			delete(m, k)
-		}
-	}
-	b, err := json.Marshal(m)
+	b, err := json.Marshal(clean(m))
 	if err != nil {
 		return err
 	}
@@ -73,9 +59,7 @@ func measureS5(e *env, c config, s *subject, run int) (metrics, error) {
 		return nil, err
 	}
 	spec, err := json.Marshal(childSpec{
-		childTarget: childTarget{s.id, e.a}, Run: run, Quick: c.quick,
-		Leases: c.s5Leases, TTL: c.s5TTL, Hold: c.s5Hold, FillMax: c.s5FillMax,
-		Poll: c.poll, OpTimeout: opTimeout,
+		childTarget: childTarget{s.id, e.a}, Run: run, Config: saveConfig(c), OpTimeout: opTimeout,
 	})
 	if err != nil {
 		return nil, err

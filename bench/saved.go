@@ -74,6 +74,8 @@ func (s savedConfig) config() config {
 		s.S3Hold, s.S4TTL, s.S4Reps, s.S5Leases, s.S5Hold, s.S5TTL, s.S5FillMax, s.S6Dur, s.S6Down}
 }
 
+// clean returns m without its NaN and infinite figures (JSON has none),
+// or nil if m is nil.
 func clean(m metrics) metrics {
 	if m == nil {
 		return nil

@@ -44,18 +44,10 @@ func (counter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) 
 // made from its config, such as pglock's listener) add to n.
 func countedPool(b *testing.B, n *atomic.Int64, conns int32) *pgxpool.Pool {
 	b.Helper()
-	cfg, err := pgxpool.ParseConfig(srv.DSN())
-	if err != nil {
-		b.Fatal(err)
-	}
-	cfg.MaxConns = conns
-	cfg.ConnConfig.Tracer = counter{n}
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(pool.Close)
-	return pool
+	return openPool(b, srv.DSN(), func(cfg *pgxpool.Config) {
+		cfg.MaxConns = conns
+		cfg.ConnConfig.Tracer = counter{n}
+	})
 }
 
 // A variant takes and gives back one lock: acquire blocks (or retries)

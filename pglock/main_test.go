@@ -33,14 +33,16 @@ func TestMain(m *testing.M) {
 // ttl is the lease TTL of most tests.
 const ttl = 500 * time.Millisecond
 
-// newPool returns a pool on the test server, closed when the test ends.
-// Statements run without prepared statements, as through a
-// transaction-pooling proxy.
-func newPool(t testing.TB) *pgxpool.Pool {
+// openPool returns a pool for the connection URL url, its configuration
+// changed by tune; the pool is closed when the test ends.
+func openPool(t testing.TB, url string, tune ...func(*pgxpool.Config)) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(srv.DSN() + "&pool_max_conns=4&default_query_exec_mode=exec")
+	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, f := range tune {
+		f(cfg)
 	}
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
@@ -48,6 +50,14 @@ func newPool(t testing.TB) *pgxpool.Pool {
 	}
 	t.Cleanup(pool.Close)
 	return pool
+}
+
+// newPool returns a pool on the test server, closed when the test ends.
+// Statements run without prepared statements, as through a
+// transaction-pooling proxy.
+func newPool(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	return openPool(t, srv.DSN()+"&pool_max_conns=4&default_query_exec_mode=exec")
 }
 
 // newBackend returns a Backend on a new pool, configured by opts; both

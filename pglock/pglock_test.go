@@ -40,12 +40,7 @@ func exec(t *testing.T, sql string, args ...any) {
 // poolAs returns a pool on the test server as role.
 func poolAs(t *testing.T, role string) *pgxpool.Pool {
 	t.Helper()
-	pool, err := pgxpool.New(context.Background(), strings.Replace(srv.DSN(), "//postgres@", "//"+role+"@", 1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
+	return openPool(t, strings.Replace(srv.DSN(), "//postgres@", "//"+role+"@", 1))
 }
 
 func tryAcquire(t *testing.T, b *pglock.Backend, r dlock.Request) (dlock.Grant, error) {
@@ -155,11 +150,10 @@ func TestLeaseModel(t *testing.T) {
 	// Another fence or token: not held, nothing changes.
 	stale := r
 	stale.Fence = g.Fence + 1
-	if err := b.Release(ctx, stale); !errors.Is(err, dlock.ErrNotHeld) {
-		t.Fatalf("Release with a stale fence: got %v, want ErrNotHeld", err)
-	}
-	if err := b.Refresh(ctx, stale); !errors.Is(err, dlock.ErrNotHeld) {
-		t.Fatalf("Refresh with a stale fence: got %v, want ErrNotHeld", err)
+	for op, call := range map[string]func(context.Context, dlock.Request) error{"Release": b.Release, "Refresh": b.Refresh} {
+		if err := call(ctx, stale); !errors.Is(err, dlock.ErrNotHeld) {
+			t.Fatalf("%s with a stale fence: got %v, want ErrNotHeld", op, err)
+		}
 	}
 	nr := r
 	nr.Reentrant, nr.Fence = false, 0
@@ -389,23 +383,17 @@ func TestRestart(t *testing.T) {
 // pool before use).
 func TestRestartBrokenPool(t *testing.T) {
 	ctx := locktest.Ctx(t, time.Minute)
-	cfg, err := pgxpool.ParseConfig(srv.DSN() + "&pool_max_conns=4")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool := openPool(t, srv.DSN()+"&pool_max_conns=4", func(cfg *pgxpool.Config) {
+		cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
+	})
 	b := pglock.New(pool, pglock.WithoutListen())
 	defer b.Close()
 	r := dlock.Request{Key: locktest.Key(t), Token: "t", TTL: time.Minute}
 	g := granted(t, ctx, b, r)
 	r.Fence = g.Fence
-	conns := make([]*pgxpool.Conn, cfg.MaxConns)
+	conns := make([]*pgxpool.Conn, pool.Config().MaxConns)
 	for i := range conns {
+		var err error
 		if conns[i], err = pool.Acquire(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -539,15 +527,7 @@ func TestFreedKeyTakenOrDeleted(t *testing.T) {
 // undone: only a statement that may have run can have made a grant, and a
 // clean-up would wait for a connection too, past the caller's deadline.
 func TestAcquireNotSentNotUndone(t *testing.T) {
-	cfg, err := pgxpool.ParseConfig(srv.DSN() + "&pool_max_conns=1&default_query_exec_mode=exec")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := openPool(t, srv.DSN()+"&pool_max_conns=1&default_query_exec_mode=exec")
 	b := locktest.Closing(t, pglock.New(pool))
 	ctx := locktest.Ctx(t, 10*time.Second)
 	r := dlock.Request{Key: locktest.Key(t), Token: "a", TTL: time.Second}
@@ -572,8 +552,8 @@ func TestAcquireNotSentNotUndone(t *testing.T) {
 }
 
 // blackhole accepts TCP connections and never answers (a stalled or
-// firewalled server). It returns its address and a channel that receives
-// once per accepted connection.
+// firewalled server). It returns a connection URL to it and a channel
+// that receives once per accepted connection.
 func blackhole(t *testing.T) (string, <-chan struct{}) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -611,7 +591,31 @@ func blackhole(t *testing.T) (string, <-chan struct{}) {
 			c.Close()
 		}
 	})
-	return ln.Addr().String(), accepted
+	return "postgres://postgres@" + ln.Addr().String() + "/postgres?sslmode=disable", accepted
+}
+
+// stalled calls f on its own goroutine and returns once accepted (of a
+// blackhole) receives: f then waits for a server that does not answer.
+// The returned cancel ends f's context and fails the test unless f then
+// returns context.Canceled. what names f in the messages.
+func stalled(t *testing.T, ctx context.Context, accepted <-chan struct{}, what string, f func(context.Context) error) (cancel func()) {
+	t.Helper()
+	fctx, stop := context.WithTimeout(ctx, 30*time.Second)
+	t.Cleanup(stop)
+	done := make(chan error, 1)
+	go func() { done <- f(fctx) }()
+	select {
+	case <-accepted:
+	case err := <-done:
+		t.Fatalf("%s on a server that does not answer returned: %v", what, err)
+	}
+	return func() {
+		t.Helper()
+		stop()
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Fatalf("first %s: got %v, want context.Canceled", what, err)
+		}
+	}
 }
 
 // While the first Subscribe dials the listen session (to a server that
@@ -619,8 +623,8 @@ func blackhole(t *testing.T) (string, <-chan struct{}) {
 // return within their own contexts.
 func TestListenDialDoesNotHoldUpOthers(t *testing.T) {
 	ctx := locktest.Ctx(t, time.Minute)
-	addr, accepted := blackhole(t)
-	lc, err := pgx.ParseConfig("postgres://postgres@" + addr + "/postgres?sslmode=disable")
+	url, accepted := blackhole(t)
+	lc, err := pgx.ParseConfig(url)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -629,76 +633,37 @@ func TestListenDialDoesNotHoldUpOthers(t *testing.T) {
 	r := dlock.Request{Key: key, Token: "a", TTL: time.Minute}
 	granted(t, ctx, b, r) // the schema is set up
 
-	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	first := make(chan error, 1)
-	go func() {
-		_, _, err := b.Subscribe(sctx, key)
-		first <- err
-	}()
-	select {
-	case <-accepted: // the first Subscribe is dialing
-	case err := <-first:
-		t.Fatalf("Subscribe to a server that does not answer returned: %v", err)
+	subscribe := func(c context.Context) error {
+		_, _, err := b.Subscribe(c, key)
+		return err
 	}
-	short := func(f func(context.Context) error) func() error {
-		return func() error {
-			c, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-			defer cancel()
-			return f(c)
-		}
-	}
+	cancel := stalled(t, ctx, accepted, "Subscribe", subscribe) // dialing the listen session
 	var g dlock.Grant
-	err = within(t, 10*time.Second, "TryAcquire", short(func(c context.Context) (err error) {
+	err = within(t, ctx, 200*time.Millisecond, "TryAcquire", func(c context.Context) (err error) {
 		g, err = b.TryAcquire(c, dlock.Request{Key: key + "/free", Token: "b", TTL: time.Minute})
 		return err
-	}))
+	})
 	if err != nil || !g.OK {
 		t.Fatalf("TryAcquire of a free key while the listen session dials: got %+v, %v; want granted", g, err)
 	}
-	err = within(t, 10*time.Second, "Subscribe", short(func(c context.Context) error {
-		_, _, err := b.Subscribe(c, key)
-		return err
-	}))
+	err = within(t, ctx, 200*time.Millisecond, "Subscribe", subscribe)
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("second Subscribe while the first dials: got %v, want context.DeadlineExceeded", err)
 	}
 	cancel()
-	if err := <-first; !errors.Is(err, context.Canceled) {
-		t.Fatalf("first Subscribe: got %v, want context.Canceled", err)
-	}
 }
 
 // While the first call sets the schema up (on a server that does not
 // answer), another call returns when its own context ends.
 func TestSetupWaitHonoursContext(t *testing.T) {
 	ctx := locktest.Ctx(t, time.Minute)
-	addr, accepted := blackhole(t)
-	cfg, err := pgxpool.ParseConfig("postgres://postgres@" + addr + "/postgres?sslmode=disable")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	b := locktest.Closing(t, pglock.New(pool, pglock.WithoutListen()))
-	fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	first := make(chan error, 1)
-	go func() {
-		_, err := b.Inspect(fctx, "x")
-		first <- err
-	}()
-	select {
-	case <-accepted: // the first call is setting up
-	case err := <-first:
-		t.Fatalf("Inspect on a server that does not answer returned: %v", err)
-	}
-	err = within(t, 10*time.Second, "TryAcquire", func() error {
-		c, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-		defer cancel()
+	url, accepted := blackhole(t)
+	b := locktest.Closing(t, pglock.New(openPool(t, url), pglock.WithoutListen()))
+	cancel := stalled(t, ctx, accepted, "Inspect", func(c context.Context) error { // setting up
+		_, err := b.Inspect(c, "x")
+		return err
+	})
+	err := within(t, ctx, 200*time.Millisecond, "TryAcquire", func(c context.Context) error {
 		_, err := b.TryAcquire(c, dlock.Request{Key: "k", Token: "t", TTL: time.Second})
 		return err
 	})
@@ -706,9 +671,6 @@ func TestSetupWaitHonoursContext(t *testing.T) {
 		t.Fatalf("TryAcquire while another call sets up: got %v, want context.DeadlineExceeded", err)
 	}
 	cancel()
-	if err := <-first; !errors.Is(err, context.Canceled) {
-		t.Fatalf("first call: got %v, want context.Canceled", err)
-	}
 }
 
 // dropProxy forwards to the test server; while armed > 0, a server reply
@@ -753,17 +715,7 @@ func newDropProxy(t *testing.T, match string) *dropProxy {
 // poolVia returns a pool of maxConns connections through addr.
 func poolVia(t *testing.T, addr string, maxConns int) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig("postgres://postgres@" + addr + "/postgres?sslmode=disable&default_query_exec_mode=exec")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = int32(maxConns)
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
+	return openPool(t, fmt.Sprintf("postgres://postgres@%s/postgres?sslmode=disable&default_query_exec_mode=exec&pool_max_conns=%d", addr, maxConns))
 }
 
 // A release whose reply is lost (the statement committed, then the
@@ -848,16 +800,8 @@ func TestGuardExpiredInTransaction(t *testing.T) {
 // problem, before any statement: here the server never answers.
 func TestKeyNotText(t *testing.T) {
 	ctx := locktest.Ctx(t, time.Minute)
-	addr, _ := blackhole(t)
-	cfg, err := pgxpool.ParseConfig("postgres://postgres@" + addr + "/postgres?sslmode=disable")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	url, _ := blackhole(t)
+	pool := openPool(t, url)
 	b := locktest.Closing(t, pglock.New(pool))
 	s := locktest.Closing(t, pglock.NewSession(pool))
 	for key, problem := range map[string]string{"a\x00b": "NUL byte", "ab\xff\xfe": "not valid UTF-8"} {
@@ -884,11 +828,7 @@ func TestKeyNotText(t *testing.T) {
 				calls["RefreshMany"] = func(c context.Context) error { return b.RefreshMany(c, []dlock.Request{r})[0] }
 			}
 			for op, call := range calls {
-				err := within(t, 10*time.Second, op, func() error {
-					c, cancel := context.WithTimeout(ctx, 5*time.Second)
-					defer cancel()
-					return call(c)
-				})
+				err := within(t, ctx, 5*time.Second, op, call)
 				if !errors.Is(err, dlock.ErrInvalidKey) || !strings.Contains(err.Error(), problem) {
 					t.Errorf("%s %s(%q): got %v; want ErrInvalidKey saying %q", name, op, key, err, problem)
 				}

@@ -324,12 +324,18 @@ func lockRow(t *testing.T, ctx context.Context, key string) (rollback func()) {
 	return rollback
 }
 
-// within runs f on its own goroutine and returns its error, failing the
-// test if f has not returned after bound (a hang).
-func within(t *testing.T, bound time.Duration, what string, f func() error) error {
+// within calls f on its own goroutine with a context that ends after
+// timeout, and returns its error; it fails the test if f has not returned
+// 10s later (a hang). what names f in the message.
+func within(t *testing.T, ctx context.Context, timeout time.Duration, what string, f func(context.Context) error) error {
 	t.Helper()
+	const bound = 10 * time.Second
 	ch := make(chan error, 1)
-	go func() { ch <- f() }()
+	go func() {
+		c, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		ch <- f(c)
+	}()
 	select {
 	case err := <-ch:
 		return err
@@ -349,22 +355,15 @@ func TestSessionCallsHonourContext(t *testing.T) {
 	r := dlock.Request{Key: locktest.Key(t), Token: "a", TTL: time.Minute}
 	r.Fence = granted(t, ctx, s, r).Fence
 	rollback := lockRow(t, ctx, r.Key)
-	short := func(f func(context.Context) error) func() error {
-		return func() error {
-			c, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
-			defer cancel()
-			return f(c)
-		}
-	}
-	refresh := short(func(c context.Context) error { return s.Refresh(c, r) })
+	refresh := func(c context.Context) error { return s.Refresh(c, r) }
 	// The first starts a renewal that waits for the row; the second waits
 	// for the connection the first holds.
 	for i := range 2 {
-		if err := within(t, 10*time.Second, "Refresh", refresh); !errors.Is(err, context.DeadlineExceeded) {
+		if err := within(t, ctx, 100*time.Millisecond, "Refresh", refresh); !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("Refresh #%d while the renewal is held up: got %v, want context.DeadlineExceeded", i+1, err)
 		}
 	}
-	err := within(t, 10*time.Second, "Release", short(func(c context.Context) error { return s.Release(c, r) }))
+	err := within(t, ctx, 100*time.Millisecond, "Release", func(c context.Context) error { return s.Release(c, r) })
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Release while the renewal is held up: got %v, want context.DeadlineExceeded", err)
 	}
@@ -439,9 +438,7 @@ func TestSessionRefreshManyIndependent(t *testing.T) {
 	healthy.Fence = granted(t, ctx, s, healthy).Fence
 	rollback := lockRow(t, ctx, stuck.Key)
 	var errs []error
-	within(t, 10*time.Second, "RefreshMany", func() error {
-		c, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
-		defer cancel()
+	within(t, ctx, 500*time.Millisecond, "RefreshMany", func(c context.Context) error {
 		errs = batch.RefreshMany(c, []dlock.Request{stuck, healthy})
 		return nil
 	})

@@ -115,7 +115,7 @@ func (is *issuer) Issue(ctx context.Context, csr *x509.CertificateRequest) (*cer
 // while the other waits and then loads it from the storage; the two never
 // issue the same name at once.
 func TestTwoInstancesNeverIssueAtOnce(t *testing.T) {
-	for _, be := range backends {
+	for _, be := range adaptertest.Backends() {
 		t.Run(be.Name, func(t *testing.T) {
 			key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 			if err != nil {
@@ -126,7 +126,7 @@ func TestTwoInstancesNeverIssueAtOnce(t *testing.T) {
 			var cfgs []*certmagic.Config
 			var lockers []*certmagiclock.Locker
 			for range 2 {
-				c := newClient(t, be.New, dlock.WithTTL(2*time.Second))
+				c := be.Client(t, dlock.WithTTL(2*time.Second))
 				locker := certmagiclock.New(c)
 				lockers = append(lockers, locker)
 				var cfg *certmagic.Config
@@ -177,11 +177,11 @@ func TestTwoInstancesNeverIssueAtOnce(t *testing.T) {
 // TryLock reports a held lock without waiting; Unlock of a name not held
 // is ErrNotHeld; the fence of a held lock is the lease's.
 func TestLockerCalls(t *testing.T) {
-	for _, be := range backends {
+	for _, be := range adaptertest.Backends() {
 		t.Run(be.Name, func(t *testing.T) {
 			ctx := context.Background()
-			a := certmagiclock.New(newClient(t, be.New, dlock.WithTTL(2*time.Second)))
-			b := certmagiclock.New(newClient(t, be.New, dlock.WithTTL(2*time.Second)))
+			a := certmagiclock.New(be.Client(t, dlock.WithTTL(2*time.Second)))
+			b := certmagiclock.New(be.Client(t, dlock.WithTTL(2*time.Second)))
 			name := "issue_cert_" + rand.Text()[:8]
 			if ok, err := a.TryLock(ctx, name); !ok || err != nil {
 				t.Fatalf("TryLock of a free lock: got %v, %v; want true", ok, err)
@@ -215,8 +215,8 @@ func TestLockerCalls(t *testing.T) {
 // lock Unlock then leaves alone.
 func TestRenewLockLease(t *testing.T) {
 	onBackends(t, func(t *testing.T, be adaptertest.Backend, ctx context.Context, admin dlock.Backend) {
-		a := certmagiclock.New(newClient(t, be.New, dlock.WithTTL(2*time.Second)))
-		b := certmagiclock.New(newClient(t, be.New, dlock.WithTTL(2*time.Second)))
+		a := certmagiclock.New(be.Client(t, dlock.WithTTL(2*time.Second)))
+		b := certmagiclock.New(be.Client(t, dlock.WithTTL(2*time.Second)))
 		name := "issue_cert_" + rand.Text()[:8]
 		key := certmagiclock.KeyPrefix + name
 		if ok, err := a.TryLock(ctx, name); !ok || err != nil {
@@ -263,7 +263,7 @@ func TestRenewLockLease(t *testing.T) {
 // (the server's lock free): certmagic holds a name from Lock to Unlock.
 func TestOneHolderPerNameInProcess(t *testing.T) {
 	onBackends(t, func(t *testing.T, be adaptertest.Backend, ctx context.Context, admin dlock.Backend) {
-		l := certmagiclock.New(newClient(t, be.New, dlock.WithTTL(2*time.Second)))
+		l := certmagiclock.New(be.Client(t, dlock.WithTTL(2*time.Second)))
 		name := "issue_cert_" + rand.Text()[:8]
 		if err := l.Lock(ctx, name); err != nil {
 			t.Fatal(err)
@@ -317,7 +317,7 @@ func TestNilLocker(t *testing.T) {
 // onBackends runs test on every backend, with a context and a backend on
 // the same server for the test's own looks.
 func onBackends(t *testing.T, test func(t *testing.T, be adaptertest.Backend, ctx context.Context, admin dlock.Backend)) {
-	for _, be := range backends {
+	for _, be := range adaptertest.Backends() {
 		t.Run(be.Name, func(t *testing.T) {
 			admin := be.New(t)
 			t.Cleanup(func() { admin.Close() })

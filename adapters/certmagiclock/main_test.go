@@ -10,12 +10,7 @@ import (
 	"github.com/dlock-go/dlock/pglock"
 )
 
-func TestMain(m *testing.M) { adaptertest.Main(m, "certmagiclock") }
-
-// backends are the servers every framework test runs on: each New returns
-// a new connection and backend, as another process would have.
-var backends = adaptertest.Backends(pgxpool.New, (*pgxpool.Pool).Close,
-	func(p *pgxpool.Pool) dlock.Backend { return pglock.New(p) })
-
-// newClient returns a Client on a new backend, closed when the test ends.
-var newClient = adaptertest.NewClient
+func TestMain(m *testing.M) {
+	adaptertest.Main(m, "certmagiclock", adaptertest.Postgres(pgxpool.New, (*pgxpool.Pool).Close,
+		func(p *pgxpool.Pool) dlock.Backend { return pglock.New(p) }))
+}

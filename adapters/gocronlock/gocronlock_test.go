@@ -14,6 +14,7 @@ import (
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/adapters/gocronlock"
 	"github.com/dlock-go/dlock/internal/locktest"
+	"github.com/dlock-go/dlock/internal/locktest/adaptertest"
 )
 
 // offsetClock is the real clock shifted by d: a scheduler on it fires
@@ -32,7 +33,7 @@ func (c offsetClock) Until(t time.Time) time.Duration { return t.Sub(c.Now()) }
 // ends well within the offsets every second: with a minimum hold, each
 // tick runs exactly once.
 func TestOncePerTick(t *testing.T) {
-	for _, be := range backends {
+	for _, be := range adaptertest.Backends() {
 		t.Run(be.Name, func(t *testing.T) {
 			const ticks = 4
 			job := "tick-" + rand.Text()[:8]
@@ -43,7 +44,7 @@ func TestOncePerTick(t *testing.T) {
 			)
 			for i, off := range []time.Duration{0, 40 * time.Millisecond, 80 * time.Millisecond} {
 				clock := offsetClock{clockwork.NewRealClock(), off}
-				c := newClient(t, be.New, dlock.WithTTL(5*time.Second))
+				c := be.Client(t, dlock.WithTTL(5*time.Second))
 				s, err := gocron.NewScheduler(
 					gocron.WithClock(clock),
 					gocron.WithDistributedLocker(gocronlock.NewLocker(c, dlock.WithMinHold(600*time.Millisecond))))
@@ -96,11 +97,11 @@ func TestOncePerTick(t *testing.T) {
 // Lock fails while another instance holds the job's lock, and Unlock
 // releases even with the done context gocron passes at shutdown.
 func TestLockSkipsWhileHeld(t *testing.T) {
-	for _, be := range backends {
+	for _, be := range adaptertest.Backends() {
 		t.Run(be.Name, func(t *testing.T) {
 			ctx := context.Background()
 			job := "held-" + rand.Text()[:8]
-			holder := newClient(t, be.New, dlock.WithTTL(5*time.Second))
+			holder := be.Client(t, dlock.WithTTL(5*time.Second))
 			l, err := gocronlock.NewLocker(holder).Lock(ctx, job)
 			if err != nil {
 				t.Fatal(err)
@@ -108,7 +109,7 @@ func TestLockSkipsWhileHeld(t *testing.T) {
 			if l.(*gocronlock.Lock).Fence() == 0 {
 				t.Fatal("Lock: fence 0, want the grant's fence")
 			}
-			c := newClient(t, be.New, dlock.WithTTL(5*time.Second))
+			c := be.Client(t, dlock.WithTTL(5*time.Second))
 			if _, err := gocronlock.NewLocker(c).Lock(ctx, job); !errors.Is(err, dlock.ErrNotAcquired) {
 				t.Fatalf("Lock of a held job: got %v, want ErrNotAcquired", err)
 			}
@@ -129,7 +130,7 @@ func TestLockSkipsWhileHeld(t *testing.T) {
 // Two schedulers with an Elector: only the leader runs jobs; after it
 // resigns the other leads with a larger fence.
 func TestElector(t *testing.T) {
-	for _, be := range backends {
+	for _, be := range adaptertest.Backends() {
 		t.Run(be.Name, func(t *testing.T) {
 			key := "leader-" + rand.Text()[:8]
 			var (
@@ -139,7 +140,7 @@ func TestElector(t *testing.T) {
 			electors := make([]*gocronlock.Elector, 2)
 			scheds := make([]gocron.Scheduler, 2)
 			for i := range electors {
-				c := newClient(t, be.New, dlock.WithTTL(2*time.Second))
+				c := be.Client(t, dlock.WithTTL(2*time.Second))
 				electors[i] = gocronlock.NewElector(c, key)
 				if i == 0 {
 					// The first instance leads before any job runs.

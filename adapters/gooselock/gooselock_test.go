@@ -76,7 +76,7 @@ func open(t *testing.T, url string) *sql.DB {
 // migration, the other waits for the lock and then finds nothing to do.
 // No two migrations ever run at once and each runs once.
 func TestTwoMigratorsNeverOverlap(t *testing.T) {
-	for _, be := range backends {
+	for _, be := range adaptertest.Backends() {
 		t.Run(be.Name, func(t *testing.T) {
 			url := newDB(t)
 			m := &migrations{runs: map[int64]int{}}
@@ -88,7 +88,7 @@ func TestTwoMigratorsNeverOverlap(t *testing.T) {
 				providers []*goose.Provider
 			)
 			for i := 0; i < 2; i++ {
-				locker := gooselock.New(newClient(t, be.New, dlock.WithTTL(2*time.Second)), key)
+				locker := gooselock.New(be.Client(t, dlock.WithTTL(2*time.Second)), key)
 				p, err := goose.NewProvider(goose.DialectPostgres, open(t, url), fstest.MapFS{},
 					goose.WithGoMigrations(m.list()...), goose.WithLocker(locker))
 				if err != nil {
