@@ -58,12 +58,26 @@ func newPipeConn(rdb Client) *pipeConn {
 // (NOSCRIPT) is sent again by its source.
 func (pc *pipeConn) run(ctx context.Context, s *redis.Script, keys []string, args []any) (any, error) {
 	c := scriptCall{s, keys, args}
-	v, err := pc.do(ctx, "EVALSHA", &c)
+	var slot *lateSlot
+	if ctx.Done() != nil {
+		slot, _ = ctx.Value(lateKey{}).(*lateSlot)
+	}
+	v, err := pc.do(ctx, "EVALSHA", &c, slot)
 	if noScriptReply(err) {
-		v, err = pc.do(ctx, "EVAL", &c)
+		v, err = pc.do(ctx, "EVAL", &c, slot)
 	}
 	return v, err
 }
+
+// A lateSlot, in a call's context (under lateKey), says what becomes of
+// the reply of a call whose context ends while it is out: the connection
+// hands it to fn on a goroutine of its own, and sets gaveUp.
+type lateSlot struct {
+	fn     func(v any, err error)
+	gaveUp bool // only the caller's goroutine touches it
+}
+
+type lateKey struct{}
 
 // runMany runs calls in one write and returns their replies as
 // commands, as runScripts does. Those that got NOSCRIPT are sent again in
@@ -110,8 +124,9 @@ func noScriptReply(err error) bool {
 }
 
 // do sends one call with cmd (EVALSHA, or EVAL with its source) and waits
-// for its reply or the end of ctx, as doMany does for several.
-func (pc *pipeConn) do(ctx context.Context, cmd string, c *scriptCall) (any, error) {
+// for its reply or the end of ctx; a reply that comes after goes to
+// slot's fn, if slot is not nil.
+func (pc *pipeConn) do(ctx context.Context, cmd string, c *scriptCall, slot *lateSlot) (any, error) {
 	w, err := pc.wire(ctx)
 	if err == nil {
 		err = ctx.Err() // ended meanwhile: not sent
@@ -125,15 +140,20 @@ func (pc *pipeConn) do(ctx context.Context, cmd string, c *scriptCall) (any, err
 		p.recycle()
 		return nil, err
 	}
+	if w.lead(p) {
+		return w.readFor(ctx, p, slot)
+	}
 	select {
 	case <-p.done:
-		v, err := p.v, p.err
-		p.recycle()
-		return v, err
 	case <-ctx.Done():
-		// The reader still signals p.done: p cannot be reused.
-		return nil, ctx.Err()
+		if w.leave(p, slot) {
+			return nil, ctx.Err()
+		}
+		<-p.done // the reply came meanwhile
 	}
+	v, err := p.v, p.err
+	p.recycle()
+	return v, err
 }
 
 // append appends c as a command: EVALSHA, or EVAL with the script's
@@ -178,6 +198,9 @@ func (pc *pipeConn) doMany(ctx context.Context, loads []*redis.Script, calls []*
 	if err := w.send(pcs...); err != nil {
 		return fail(err)
 	}
+	w.mu.Lock()
+	w.startReader()
+	w.mu.Unlock()
 	select {
 	case <-g.done:
 		for i, p := range pcs[len(loads):] {
@@ -201,7 +224,7 @@ func (pc *pipeConn) wire(ctx context.Context) (*wire, error) {
 		case pc.closed:
 			pc.mu.Unlock()
 			return nil, errClosed
-		case pc.cur != nil && !pc.cur.failed():
+		case pc.cur != nil && pc.cur.usable():
 			w := pc.cur
 			pc.mu.Unlock()
 			return w, nil
@@ -256,12 +279,15 @@ func (pc *pipeConn) close() {
 
 // A wire is one dialled connection of a pipeConn. Calls are queued, then
 // written by whichever caller finds no write under way (it writes every
-// call queued meanwhile too), and moved to sent as they are written; the
-// reader goroutine takes the head of sent for every reply. After a
-// failure every call on it fails with the same error.
+// call queued meanwhile too), and moved to sent as they are written.
+// Replies are read by one goroutine at a time, the reader, who hands each
+// to the oldest call sent: a caller who finds nobody reading reads until
+// its own reply comes (a lone caller reads its reply itself, as a
+// go-redis connection does), and leaves the rest to a reader goroutine
+// that reads until no call waits. After a failure every call on it fails
+// with the same error.
 type wire struct {
 	nc           net.Conn
-	br           *bufio.Reader
 	readTimeout  time.Duration // 0: none
 	writeTimeout time.Duration // 0: none
 
@@ -269,9 +295,15 @@ type wire struct {
 	queue   []*pcall // not written yet
 	sent    []*pcall // written, in order, waiting for their replies
 	writing bool
+	reading bool // a caller or the reader goroutine reads replies
 	err     error
 	loaded  map[*redis.Script]bool // scripts a batch loaded (toLoad)
 	out     []byte                 // the write buffer, owned by the writer
+
+	// The read buffer, owned by the reader: rbuf[rs:re] is read and not
+	// parsed yet (a reader who leaves mid-reply leaves its start there).
+	rbuf   []byte
+	rs, re int
 }
 
 // A pcall is one command on a wire: its encoding, and its reply once
@@ -284,12 +316,30 @@ type pcall struct {
 	// group, when set, is signalled instead of done once every call of
 	// its batch has its reply (doMany): one wake-up for the batch.
 	group *pgroup
+	// Under wire.mu: taken, out of the wire's queues (its reply is being
+	// handed over); left, given up by its caller before that.
+	taken, left bool
+	late        func(any, error) // a left call's reply goes there
 }
 
 // A pgroup is the calls of one doMany.
 type pgroup struct {
 	left atomic.Int64
 	done chan struct{}
+}
+
+// deliver hands c its reply: to its waiter, or to late if its caller left.
+// c is out of the wire's queues.
+func (c *pcall) deliver(v any, err error) {
+	if c.left {
+		if late := c.late; late != nil {
+			go late(v, err)
+		}
+		c.recycle()
+		return
+	}
+	c.v, c.err = v, err
+	c.finish()
 }
 
 // finish records that c has its reply (v, err set) and tells its waiter.
@@ -307,7 +357,7 @@ var pcallPool = sync.Pool{New: func() any { return &pcall{done: make(chan struct
 
 // recycle puts c, done with, back in the pool.
 func (c *pcall) recycle() {
-	c.v, c.err = nil, nil
+	c.v, c.err, c.taken, c.left, c.late = nil, nil, false, false, nil
 	if cap(c.buf) > 4096 {
 		c.buf = nil
 	}
@@ -330,17 +380,16 @@ func dialWire(ctx context.Context, o *redis.Options) (*wire, error) {
 	if err != nil {
 		return nil, err
 	}
-	w := &wire{nc: nc, br: bufio.NewReaderSize(nc, 32<<10), readTimeout: timeout(o.ReadTimeout), writeTimeout: timeout(o.WriteTimeout)}
+	w := &wire{nc: nc, readTimeout: timeout(o.ReadTimeout), writeTimeout: timeout(o.WriteTimeout)}
 	if err := w.handshake(ctx, o); err != nil {
 		nc.Close()
 		return nil, err
 	}
-	go w.read()
 	return w, nil
 }
 
 // handshake authenticates the connection and selects the database, before
-// the reader starts.
+// any call.
 func (w *wire) handshake(ctx context.Context, o *redis.Options) error {
 	user, pass := o.Username, o.Password
 	var err error
@@ -382,8 +431,9 @@ func (w *wire) handshake(ctx context.Context, o *redis.Options) error {
 	if _, err := w.nc.Write(buf); err != nil {
 		return err
 	}
+	br := bufio.NewReader(w.nc) // nothing follows these replies
 	for _, c := range cmds {
-		if _, err := readReply(w.br); err != nil {
+		if _, err := readReply(br); err != nil {
 			return fmt.Errorf("redislock: %s: %w", c[0], err)
 		}
 	}
@@ -413,10 +463,21 @@ func (w *wire) toLoad(loads []*redis.Script, calls []*scriptCall) []*redis.Scrip
 	return loads
 }
 
-func (w *wire) failed() bool {
+// usable reports whether calls can go on w: it has not failed and, when
+// idle, the server has not closed it meanwhile (nobody reads an idle
+// connection, so its end is noticed here, as go-redis' pool does).
+func (w *wire) usable() bool {
 	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.err != nil
+	err := w.err
+	if err == nil && !w.reading && !w.writing && len(w.sent) == 0 && len(w.queue) == 0 {
+		if err = checkIdle(w.nc); err != nil {
+			w.mu.Unlock()
+			w.fail(err)
+			return false
+		}
+	}
+	w.mu.Unlock()
+	return err == nil
 }
 
 // send queues cs and, if no write is under way, writes them and every
@@ -434,12 +495,15 @@ func (w *wire) send(cs ...*pcall) error {
 		return nil
 	}
 	w.writing = true
-	// Let the goroutines that are about to call too queue their calls, so
-	// that one write carries them all: under load it cuts the writes
-	// (and the server's reads) about fivefold.
-	w.mu.Unlock()
-	runtime.Gosched()
-	w.mu.Lock()
+	if len(w.sent) > 0 {
+		// Calls are out, so others are calling: let the goroutines about
+		// to call queue their calls too, so that one write carries them
+		// all; under load it cuts the writes (and the server's reads)
+		// about fivefold. A lone caller does not wait.
+		w.mu.Unlock()
+		runtime.Gosched()
+		w.mu.Lock()
+	}
 	for len(w.queue) > 0 && w.err == nil {
 		out := w.out[:0]
 		for _, q := range w.queue {
@@ -449,9 +513,6 @@ func (w *wire) send(cs ...*pcall) error {
 		w.sent = append(w.sent, w.queue...)
 		clear(w.queue)
 		w.queue = w.queue[:0]
-		if w.readTimeout > 0 {
-			w.nc.SetReadDeadline(time.Now().Add(w.readTimeout))
-		}
 		w.mu.Unlock()
 		if w.writeTimeout > 0 {
 			w.nc.SetWriteDeadline(time.Now().Add(w.writeTimeout))
@@ -470,35 +531,205 @@ func (w *wire) send(cs ...*pcall) error {
 	return nil
 }
 
-// read is the reader goroutine: it hands every reply to the oldest call
-// sent, until the connection fails.
-func (w *wire) read() {
+// errLeft is next's error when the reading caller's context ended.
+var errLeft = errors.New("redislock: the reader left")
+
+// lead makes p's caller the reader if nobody reads and p's reply has not
+// come, and reports whether it did.
+func (w *wire) lead(p *pcall) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.reading || w.err != nil || p.taken {
+		return false
+	}
+	w.reading = true
+	return true
+}
+
+// leave gives p up, its reply to go to slot's fn, if slot is not nil, and
+// reports whether it did: not when p's reply is being handed over.
+func (w *wire) leave(p *pcall, slot *lateSlot) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.leaveLocked(p, slot)
+}
+
+// leaveLocked is leave with w.mu held.
+func (w *wire) leaveLocked(p *pcall, slot *lateSlot) bool {
+	if p.taken {
+		return false
+	}
+	p.left = true
+	if slot != nil {
+		p.late, slot.gaveUp = slot.fn, true
+	}
+	return true
+}
+
+// readFor reads replies as the reader until p's comes, and returns it;
+// when ctx ends first it gives p up (leave) and returns ctx's error.
+// Either way a reader goroutine goes on if calls still wait.
+func (w *wire) readFor(ctx context.Context, p *pcall, slot *lateSlot) (any, error) {
+	if ctx.Done() != nil {
+		// Wake the read when ctx ends (next tells it from a timeout).
+		stop := context.AfterFunc(ctx, func() { w.nc.SetReadDeadline(time.Unix(1, 0)) })
+		defer stop()
+	}
 	for {
-		v, err := readReply(w.br)
+		v, err := w.next(ctx)
+		if err == errLeft {
+			w.mu.Lock()
+			left := w.leaveLocked(p, slot)
+			w.handOff()
+			w.mu.Unlock()
+			if left {
+				return nil, ctx.Err()
+			}
+			<-p.done // failed meanwhile (fail)
+			v, err = p.v, p.err
+			p.recycle()
+			return v, err
+		}
 		if err != nil && !isReply(err) {
 			w.fail(err)
+			w.mu.Lock()
+			w.reading = false
+			w.mu.Unlock()
+			<-p.done // failed by fail
+			v, err = p.v, p.err
+			p.recycle()
+			return v, err
+		}
+		w.mu.Lock()
+		c := w.pop()
+		if c == p {
+			w.handOff()
+			w.mu.Unlock()
+			p.recycle()
+			return v, err
+		}
+		w.mu.Unlock()
+		if c == nil {
+			w.fail(errors.New("redislock: reply without a command"))
+			continue // the next read fails
+		}
+		c.deliver(v, err)
+	}
+}
+
+// read is the reader goroutine: it hands every reply to the oldest call
+// sent until no call waits (or the connection fails).
+func (w *wire) read() {
+	for {
+		v, err := w.next(context.Background())
+		if err != nil && !isReply(err) {
+			w.fail(err)
+			w.mu.Lock()
+			w.reading = false
+			w.mu.Unlock()
 			return
 		}
 		w.mu.Lock()
-		if len(w.sent) == 0 {
-			w.mu.Unlock()
+		c := w.pop()
+		done := len(w.sent) == 0 && len(w.queue) == 0
+		if done || c == nil {
+			w.reading = false
+		}
+		w.mu.Unlock()
+		if c == nil {
 			w.fail(errors.New("redislock: reply without a command"))
 			return
 		}
-		c := w.sent[0]
-		w.sent[0] = nil
-		w.sent = w.sent[1:]
-		if len(w.sent) == 0 {
-			w.sent = w.sent[:0:0]
-			if w.readTimeout > 0 {
-				w.nc.SetReadDeadline(time.Time{})
-			}
-		} else if w.readTimeout > 0 {
-			w.nc.SetReadDeadline(time.Now().Add(w.readTimeout))
+		c.deliver(v, err)
+		if done {
+			return
 		}
-		w.mu.Unlock()
-		c.v, c.err = v, err
-		c.finish()
+	}
+}
+
+// handOff is the reading caller's leaving: a reader goroutine goes on if
+// calls still wait. w.mu is held.
+func (w *wire) handOff() {
+	w.reading = false
+	w.startReader()
+}
+
+// startReader starts the reader goroutine if calls wait and nobody reads;
+// w.mu is held.
+func (w *wire) startReader() {
+	if !w.reading && w.err == nil && len(w.sent)+len(w.queue) > 0 {
+		w.reading = true
+		go w.read()
+	}
+}
+
+// pop removes the oldest call sent and returns it, or nil if there is
+// none; w.mu is held.
+func (w *wire) pop() *pcall {
+	if len(w.sent) == 0 {
+		return nil
+	}
+	c := w.sent[0]
+	w.sent[0] = nil
+	w.sent = w.sent[1:]
+	if len(w.sent) == 0 {
+		w.sent = w.sent[:0:0]
+	}
+	c.taken = true
+	return c
+}
+
+// next returns the next reply, reading the connection as needed; only
+// the reader calls it. A read waits at most the client's ReadTimeout for
+// bytes; the end of ctx (the reading caller's) stops the read with
+// errLeft, and what was read stays in the buffer for the next reader.
+func (w *wire) next(ctx context.Context) (any, error) {
+	for {
+		if w.rs < w.re {
+			v, n, err := resp.Parse(w.rbuf[w.rs:w.re])
+			if err != nil {
+				return nil, err
+			}
+			if n > 0 {
+				w.rs += n
+				if w.rs == w.re {
+					w.rs, w.re = 0, 0
+				}
+				return result(v)
+			}
+		}
+		if w.rs > 0 {
+			w.re = copy(w.rbuf, w.rbuf[w.rs:w.re])
+			w.rs = 0
+		}
+		if w.re == len(w.rbuf) {
+			w.rbuf = slices.Grow(w.rbuf, max(4<<10, len(w.rbuf)))
+			w.rbuf = w.rbuf[:cap(w.rbuf)]
+		}
+		var deadline time.Time
+		if w.readTimeout > 0 {
+			deadline = time.Now().Add(w.readTimeout)
+		}
+		w.nc.SetReadDeadline(deadline)
+		if ctx.Err() != nil {
+			return nil, errLeft
+		}
+		n, err := w.nc.Read(w.rbuf[w.re:])
+		w.re += n
+		if err == nil {
+			continue
+		}
+		var ne net.Error
+		if !errors.As(err, &ne) || !ne.Timeout() {
+			return nil, err
+		}
+		switch {
+		case ctx.Err() != nil:
+			return nil, errLeft
+		case !deadline.IsZero() && !time.Now().Before(deadline):
+			return nil, err
+		}
+		// Woken by a reader that has left: read on.
 	}
 }
 
@@ -513,11 +744,13 @@ func (w *wire) fail(err error) {
 	w.err = err
 	calls := append(w.sent, w.queue...)
 	w.sent, w.queue = nil, nil
+	for _, c := range calls {
+		c.taken = true
+	}
 	w.mu.Unlock()
 	w.nc.Close()
 	for _, c := range calls {
-		c.v, c.err = nil, err
-		c.finish()
+		c.deliver(nil, err)
 	}
 }
 
@@ -560,22 +793,27 @@ func appendArg(b []byte, a any) []byte {
 	return resp.AppendBulk(b, fmt.Sprint(a))
 }
 
-// readReply reads one reply as go-redis' Cmd.Result returns it: int64,
-// string, []any (nil for a null element, a redis.Error for an error),
-// redis.Nil for a null reply and a redis.Error for an error reply. Its
-// error is a reply (redis.Nil or a resp.Error) or a failure to read one.
+// readReply reads one reply, as result returns it.
 func readReply(br *bufio.Reader) (any, error) {
 	v, err := resp.Read(br)
+	if err != nil {
+		return nil, err
+	}
+	return result(v)
+}
+
+// result returns a reply of resp.Read as go-redis' Cmd.Result does: int64,
+// string, []any (nil for a null element, a resp.Error for an error),
+// redis.Nil for a null reply and a resp.Error (a redis.Error) for an
+// error reply.
+func result(v any) (any, error) {
 	switch v := v.(type) {
 	case nil:
-		if err == nil {
-			err = redis.Nil
-		}
-		return nil, err
+		return nil, redis.Nil
 	case resp.Error:
 		return nil, v
 	}
-	return v, err
+	return v, nil
 }
 
 // isReply reports whether err is the reply of a command (an error reply

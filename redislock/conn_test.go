@@ -171,11 +171,16 @@ func TestOwnConnectionRecovers(t *testing.T) {
 	})
 }
 
-// recovered checks that b's calls succeed again within a few attempts.
+// recovered checks that b's calls succeed again: the first one on Unix,
+// where an idle connection is checked before use, within three elsewhere.
 func recovered(t *testing.T, ctx context.Context, b *redislock.Backend) {
 	t.Helper()
+	attempts := 1
+	if runtime.GOOS == "windows" {
+		attempts = 3
+	}
 	var err error
-	for range 3 {
+	for range attempts {
 		r := req(key(t), time.Minute)
 		var g dlock.Grant
 		if g, err = b.TryAcquire(ctx, r); err == nil {

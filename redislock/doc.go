@@ -156,9 +156,15 @@
 // the client's dialer (TLS included), credentials, database and client
 // name: a call is written as soon as no other write is under way, together
 // with every call queued meanwhile, without waiting for the replies of
-// earlier ones, and one reader goroutine hands each reply to its call in
-// order. The server always has commands to read, as with rueidis. A lone
-// call costs one write, one read and one hand-off to the caller. The
+// earlier ones (a writer who finds calls out yields once first, so that
+// goroutines about to call join its write). Replies are read by one
+// goroutine at a time, which hands each to its call in order: a caller who
+// finds nobody reading reads until its own reply comes, then leaves the
+// reading to a goroutine that reads while calls are out. The server always
+// has commands to read, as with rueidis, and a lone call costs one write
+// and one read on its caller's goroutine, as on a go-redis connection. An
+// idle connection is read by nobody: before a call goes on it, a peek at
+// the socket (Unix) tells whether the server closed it meanwhile. The
 // connection is dialled again after a failure (the calls on it fail with
 // the error: their outcome is unknown, as with any lost reply); the client's
 // ReadTimeout and WriteTimeout bound its reads and writes while calls wait
@@ -184,15 +190,16 @@
 // pipeline and hands every call its reply. A batch is sent without its
 // callers' cancellation or deadlines, bounded by the client's timeouts.
 //
-// Every call is still bounded by its own context (see Contexts). On a
-// helper goroutine (a context that can be cancelled, without
-// ContextTimeoutEnabled) the caller returns at once and a grant that
-// comes later is given back, as for any call. On the caller's goroutine
-// (ContextTimeoutEnabled with a deadline) a call whose context ends
-// returns at once; on the Backend's connection its reply, when it comes,
-// is dropped, and through the pool a call not yet taken into a batch is
-// never sent, while one already taken returns with its reply when the
-// batch's replies come (within the client's ReadTimeout).
+// Every call is still bounded by its own context (see Contexts). On the
+// Backend's connection a call whose context ends returns at once, and its
+// reply, when it comes, is read by the next reader and handed to the
+// call's give-back (a grant nobody will use is released). Through the pool,
+// on a helper goroutine (a context that can be cancelled, without
+// ContextTimeoutEnabled) the caller returns at once and a grant that comes
+// later is given back too; on the caller's goroutine (ContextTimeoutEnabled
+// with a deadline) a call not yet taken into a batch is never sent, while
+// one already taken returns with its reply when the batch's replies come
+// (within the client's ReadTimeout).
 //
 // Measured with BenchmarkParallel (S2 on one Client: 32 goroutines on 32
 // keys, Redis 7.0.15, 2 cores, three runs each, load 0.4–1.2): 26.8, 41.9
@@ -200,9 +207,11 @@
 // 39.8, 55.6 and 66.2 µs through the pool with two pipeline slots, run by
 // run; per cycle the client spent 21–26 µs of CPU against 30–37 µs and
 // the server 16–20 µs against 22–28 µs (one write carries about seven
-// calls, one read about twenty replies). A lone goroutine pays for the
-// hand-off from the reader: BenchmarkInterleaved put the pool path at
-// 0.85–0.92× the latency of the Backend's connection in three runs. Through
+// calls, one read about twenty replies). A lone goroutine reads its own
+// reply: BenchmarkInterleaved put the pool path at 0.93–1.01× the ops/s
+// of the Backend's connection, and the fenced floor's loop at 1.03–1.12×
+// (when a reader goroutine took every reply: 1.15–1.16× and 1.25–1.28×,
+// three runs each, alternating). Through
 // the pool, two slots beat one and three or more; its gap to rueidis was
 // in how the round trips overlap (a go-redis pipeline holds its connection
 // until every reply has come), not in the work.
@@ -550,11 +559,14 @@
 // # Contexts
 //
 // Every call returns when its context ends, whatever the go-redis timeout
-// settings: with a context that can be cancelled, the command runs on a
-// helper goroutine that finishes within the client's ReadTimeout, and a
-// grant that arrives after the caller gave up is released at once (the
-// only retry-like work a Backend does; it never sleeps). With
-// ContextTimeoutEnabled and a deadline the call runs on the caller's
-// goroutine and ends at the deadline (see Pipelining for a call through
-// the pool that waits to be batched).
+// settings, and a grant that arrives after the caller gave up is released
+// at once (the only retry-like work a Backend does; it never sleeps). On
+// the Backend's own connection the call runs on the caller's goroutine,
+// which stops waiting (or reading) at the context's end and leaves the
+// reply to the connection's next reader. Through the client's pool, with a
+// context that can be cancelled the command runs on a helper goroutine
+// that finishes within the client's ReadTimeout; with ContextTimeoutEnabled
+// and a deadline it runs on the caller's goroutine and ends at the deadline
+// (a grant is then not given back but expires with its TTL; see
+// Pipelining for a call that waits to be batched).
 package redislock

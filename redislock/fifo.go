@@ -214,7 +214,7 @@ func (q *queued) send(ctx context.Context, s *redis.Script, args []any,
 		return dlock.Grant{}, b.callErr("wait", r.Key, err) // nothing sent
 	}
 	sent := time.Now()
-	v, gaveUp, err := guardLate(b, ctx, false, call, late)
+	v, gaveUp, err := guardLate(b, ctx, learn, call, late)
 	if err != nil {
 		var rerr redis.Error
 		if !gaveUp && !errors.As(err, &rerr) {

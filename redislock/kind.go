@@ -98,7 +98,7 @@ func (b *Backend) tryShared(ctx context.Context, r dlock.Request, member string)
 			b.releaseSharedGrant(ctx, r, g.Fence)
 		}
 	}
-	v, err := guard(b, ctx, true, run, late)
+	v, err := guard(b, ctx, direct, run, late)
 	if err != nil {
 		return dlock.Grant{}, 0, b.callErr("acquire", r.Key, err)
 	}

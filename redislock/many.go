@@ -103,7 +103,7 @@ func (b *Backend) TryAcquireAll(ctx context.Context, rs []dlock.Request) ([]dloc
 			releaseAll(gs)
 		}
 	}
-	v, err := guard(b, ctx, true, run, late)
+	v, err := guard(b, ctx, direct, run, late)
 	if err != nil {
 		return nil, b.callErr("acquire", name, err)
 	}

@@ -281,7 +281,7 @@ func (b *Backend) TryAcquireClock(ctx context.Context, r dlock.Request) (dlock.G
 			b.releaseGrant(ctx, r, g.Fence)
 		}
 	}
-	v, err := guard(b, ctx, true, run, late)
+	v, err := guard(b, ctx, direct, run, late)
 	if err != nil {
 		return dlock.Grant{}, 0, b.callErr("acquire", r.Key, err)
 	}
@@ -388,7 +388,7 @@ func (b *Backend) RefreshMany(ctx context.Context, rs []dlock.Request) []error {
 		}
 		return runScripts(ctx, b.rdb, len(calls), func(j int) scriptCall { return calls[j] }), nil
 	}
-	cmds, err := guard(b, ctx, true, run, nil)
+	cmds, err := guard(b, ctx, direct, run, nil)
 	for j, i := range idx {
 		switch {
 		case err != nil:
@@ -437,7 +437,7 @@ func (b *Backend) inspect(ctx context.Context, op, key string, del bool) (dlock.
 	run := func(ctx context.Context) (inspected, error) {
 		return b.runInspect(ctx, keys, args)
 	}
-	res, err := guard(b, ctx, true, run, nil)
+	res, err := guard(b, ctx, pooled, run, nil)
 	if err != nil {
 		return dlock.Info{}, b.callErr(op, key, err)
 	}
@@ -514,30 +514,46 @@ func (b *Backend) runScript(ctx context.Context, op, key string, s *redis.Script
 	run := func(ctx context.Context) (any, error) {
 		return b.script(ctx, s, keys, args)
 	}
-	v, err := guard(b, ctx, true, run, nil)
+	v, err := guard(b, ctx, direct, run, nil)
 	if err != nil {
 		return nil, b.callErr(op, key, err)
 	}
 	return v, nil
 }
 
-// guard runs fn so that ctx bounds it (see New). With a context that
-// can end, fn runs on a helper goroutine with the context's values but not
-// its cancellation, so its command always completes (or fails) within the
-// client's timeouts; guard returns ctx's error as soon as ctx ends, and
-// late, if not nil, is then called on the helper goroutine with fn's
-// eventual result (to undo a grant nobody will use). A context that
-// cannot end (context.Background) costs nothing, nor does one with a
-// deadline when rdb has ContextTimeoutEnabled and direct is set (a call
-// that must always learn its outcome, to undo it, passes false).
-func guard[T any](b *Backend, ctx context.Context, direct bool, fn func(context.Context) (T, error), late func(T, error)) (T, error) {
-	v, _, err := guardLate(b, ctx, direct, fn, late)
+// A route says how guard may run a call.
+type route int
+
+const (
+	// direct: fn's commands go through b.script (the own connection when
+	// the Backend has one) and may run on the caller's goroutine when the
+	// transport itself ends a call at ctx's end.
+	direct route = iota
+	// learn: as direct, but the call must always learn its outcome, to
+	// undo it: never run where a late reply would be lost.
+	learn
+	// pooled: fn uses the go-redis client whatever the transport.
+	pooled
+)
+
+// guard runs fn so that ctx bounds it (see New) and returns ctx's error as
+// soon as ctx ends; late, if not nil, is then called with fn's eventual
+// result (to undo a grant nobody will use). On the own connection fn runs
+// on the caller's goroutine and the connection hands a reply that comes
+// too late to late. Otherwise, with a context that can end, fn runs on a
+// helper goroutine with the context's values but not its cancellation, so
+// its command always completes (or fails) within the client's timeouts;
+// a context that cannot end (context.Background) costs nothing, nor does
+// one with a deadline on a direct route when rdb has ContextTimeoutEnabled
+// (late is then not called: the outcome is lost).
+func guard[T any](b *Backend, ctx context.Context, rt route, fn func(context.Context) (T, error), late func(T, error)) (T, error) {
+	v, _, err := guardLate(b, ctx, rt, fn, late)
 	return v, err
 }
 
 // guardLate is guard, and reports whether it gave fn up while it ran:
 // then, and only then, late is called (or will be).
-func guardLate[T any](b *Backend, ctx context.Context, direct bool, fn func(context.Context) (T, error), late func(T, error)) (T, bool, error) {
+func guardLate[T any](b *Backend, ctx context.Context, rt route, fn func(context.Context) (T, error), late func(T, error)) (T, bool, error) {
 	var zero T
 	if ctx.Done() == nil {
 		v, err := fn(ctx)
@@ -546,7 +562,16 @@ func guardLate[T any](b *Backend, ctx context.Context, direct bool, fn func(cont
 	if err := ctx.Err(); err != nil {
 		return zero, false, err
 	}
-	if direct && b.ctxDeadlines {
+	if b.pc != nil && rt != pooled {
+		var slot *lateSlot
+		if late != nil {
+			slot = &lateSlot{fn: func(v any, err error) { late(lateReply[T](v), err) }}
+			ctx = context.WithValue(ctx, lateKey{}, slot)
+		}
+		v, err := fn(ctx)
+		return v, slot != nil && slot.gaveUp, err
+	}
+	if rt == direct && b.ctxDeadlines {
 		if _, ok := ctx.Deadline(); ok {
 			v, err := fn(ctx)
 			return v, false, err
@@ -575,6 +600,17 @@ func guardLate[T any](b *Backend, ctx context.Context, direct bool, fn func(cont
 		close(gaveUp)
 		return zero, true, ctx.Err()
 	}
+}
+
+// lateReply returns a script's reply that the own connection read for a
+// call given up as fn returns it: the calls with a late are b.eval's, whose
+// result is a reply.
+func lateReply[T any](v any) T {
+	var t T
+	if r, ok := any(&t).(*reply); ok {
+		*r = reply{v: v, acks: -1}
+	}
+	return t
 }
 
 // Adopt hands the grant that key's lock has under token from to token to,

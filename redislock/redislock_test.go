@@ -494,19 +494,27 @@ func TestUnreachable(t *testing.T) {
 }
 
 // TestPausedServerHonoursContext checks that a server that stopped
-// answering does not hold a call past the caller's deadline, with and
-// without go-redis' ContextTimeoutEnabled. Without it (the call runs on a
-// helper goroutine) a grant that arrives after the caller gave up is
-// released at once; with it (go-redis ends the call at the deadline) the
-// grant expires with its TTL.
+// answering does not hold a call past the caller's deadline, on the own
+// connection and on the go-redis pool, with and without go-redis'
+// ContextTimeoutEnabled. A grant that arrives after the caller gave up is
+// released at once (the own connection hands it back, the pool path's
+// helper goroutine too), except on the pool with ContextTimeoutEnabled
+// (go-redis ends the call at the deadline): then it expires with its TTL.
 func TestPausedServerHonoursContext(t *testing.T) {
-	for _, ctxTimeouts := range []bool{false, true} {
-		t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v", ctxTimeouts), func(t *testing.T) {
+	for _, tc := range []struct {
+		pool, ctxTimeouts bool
+	}{{false, false}, {false, true}, {true, false}, {true, true}} {
+		t.Run(fmt.Sprintf("pool=%v/ContextTimeoutEnabled=%v", tc.pool, tc.ctxTimeouts), func(t *testing.T) {
+			const readTimeout = 10 * time.Second
 			rdb := newRDB(t, srv2.Addr(), func(o *redis.Options) {
-				o.ContextTimeoutEnabled = ctxTimeouts
-				o.ReadTimeout = 2 * time.Second
+				o.ContextTimeoutEnabled = tc.ctxTimeouts
+				o.ReadTimeout = readTimeout
 			})
-			b := newBackend(t, rdb)
+			var opts []redislock.Option
+			if tc.pool {
+				opts = append(opts, redislock.WithClientPool())
+			}
+			b := newBackend(t, rdb, opts...)
 			// Connected: the abandoned call below is on the wire before
 			// the server stops, ahead of the later ones.
 			mustRelease(t, b, holding(t, b, req(key(t), time.Minute)))
@@ -515,7 +523,8 @@ func TestPausedServerHonoursContext(t *testing.T) {
 			}
 			k := key(t)
 			ttl := time.Minute
-			if ctxTimeouts {
+			expires := tc.pool && tc.ctxTimeouts
+			if expires {
 				ttl = 500 * time.Millisecond
 			}
 			resume := pause(t, srv2)
@@ -523,26 +532,22 @@ func TestPausedServerHonoursContext(t *testing.T) {
 			defer cancel()
 			start := time.Now()
 			_, err := b.TryAcquire(ctx, req(k, ttl))
-			took := time.Since(start)
 			if !errors.Is(err, context.DeadlineExceeded) && !isTimeoutErr(err) {
 				t.Fatalf("TryAcquire on a paused server: got %v, want a deadline error", err)
 			}
-			if took > 400*time.Millisecond {
-				t.Fatalf("TryAcquire on a paused server returned after %v, want ≈ the 200ms deadline", took)
+			if took := time.Since(start); took >= readTimeout/2 {
+				t.Fatalf("TryAcquire on a paused server returned after %v, want at the 200ms deadline, long before the %v read timeout", took, readTimeout)
 			}
 			if !strings.Contains(err.Error(), srv2.Addr()) {
 				t.Fatalf("error %q does not name the address %s", err, srv2.Addr())
 			}
 			resume()
-			back := time.Now()
-			// The abandoned attempt may still run once the server is back;
-			// it must not leave the lock held for long.
-			waitFor(t, 5*time.Second, "the abandoned acquisition to be undone", func() bool {
+			// The abandoned attempt runs once the server is back; it must
+			// not leave the lock held: given back at once (well within the
+			// minute's TTL), or expired with its short TTL.
+			waitFor(t, 10*time.Second, "the abandoned acquisition to be undone", func() bool {
 				return rdb.Exists(context.Background(), b.LockName(k)).Val() == 0
 			})
-			if d := time.Since(back); !ctxTimeouts && d > time.Second {
-				t.Fatalf("abandoned grant released %v after the server came back, want at once", d)
-			}
 			mustGrant(t, b, req(k, time.Minute))
 		})
 	}

@@ -6,6 +6,7 @@ package resp
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -57,21 +58,11 @@ func Read(br *bufio.Reader) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	if len(line) < 3 || line[len(line)-2] != '\r' {
-		return nil, fmt.Errorf("resp: malformed line %q", line)
+	kind, body, err := header(line)
+	if err != nil {
+		return nil, err
 	}
-	body := line[1 : len(line)-2]
-	switch line[0] {
-	case '+':
-		return string(body), nil
-	case '-':
-		return Error(body), nil
-	case ':':
-		n, err := strconv.ParseInt(string(body), 10, 64)
-		if err != nil {
-			return nil, fmt.Errorf("resp: bad integer %q", body)
-		}
-		return n, nil
+	switch kind {
 	case '$':
 		n, err := length(body, "bulk string")
 		if err != nil || n < 0 {
@@ -95,7 +86,75 @@ func Read(br *bufio.Reader) (any, error) {
 		}
 		return a, nil
 	}
-	return nil, fmt.Errorf("resp: unknown reply type %q", line[0])
+	return simple(kind, body)
+}
+
+// Parse parses the reply at the start of b as Read reads it and returns
+// it with its length in bytes; n is 0 (err nil) when b holds only the
+// start of a reply.
+func Parse(b []byte) (v any, n int, err error) {
+	i := bytes.IndexByte(b, '\n')
+	if i < 0 {
+		return nil, 0, nil
+	}
+	kind, body, err := header(b[:i+1])
+	if err != nil {
+		return nil, 0, err
+	}
+	n = i + 1
+	switch kind {
+	case '$':
+		l, err := length(body, "bulk string")
+		if err != nil || l < 0 {
+			return nil, n, err
+		}
+		if len(b) < n+l+2 {
+			return nil, 0, nil
+		}
+		return string(b[n : n+l]), n + l + 2, nil
+	case '*':
+		l, err := length(body, "array")
+		if err != nil || l < 0 {
+			return nil, n, err
+		}
+		a := make([]any, l)
+		for j := range a {
+			v, m, err := Parse(b[n:])
+			if err != nil || m == 0 {
+				return nil, 0, err
+			}
+			a[j] = v
+			n += m
+		}
+		return a, n, nil
+	}
+	v, err = simple(kind, body)
+	return v, n, err
+}
+
+// header splits a reply's first line into its type byte and its body.
+func header(line []byte) (byte, []byte, error) {
+	if len(line) < 3 || line[len(line)-2] != '\r' {
+		return 0, nil, fmt.Errorf("resp: malformed line %q", line)
+	}
+	return line[0], line[1 : len(line)-2], nil
+}
+
+// simple returns a simple string, error or integer reply.
+func simple(kind byte, body []byte) (any, error) {
+	switch kind {
+	case '+':
+		return string(body), nil
+	case '-':
+		return Error(body), nil
+	case ':':
+		n, err := strconv.ParseInt(string(body), 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("resp: bad integer %q", body)
+		}
+		return n, nil
+	}
+	return nil, fmt.Errorf("resp: unknown reply type %q", kind)
 }
 
 // length parses the length of a bulk string or array (kind names it in
