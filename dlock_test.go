@@ -239,16 +239,22 @@ func testWatchdogBatches(t *testing.T) {
 
 // hangKey is a memlock Backend whose renewals of one key never answer: a
 // call or batch that has the key blocks until its context ends, as on a
-// connection to a server that stopped answering.
+// connection to a server that stopped answering. hung, if not nil, is
+// closed when the first such call starts to hang.
 type hangKey struct {
 	*memlock.Backend
 	key  string
 	hang atomic.Bool
+	hung chan struct{}
+	once sync.Once
 }
 
 func (h *hangKey) blocks(ctx context.Context, rs ...dlock.Request) error {
 	for _, r := range rs {
 		if h.hang.Load() && (h.key == "" || r.Key == h.key) {
+			if h.hung != nil {
+				h.once.Do(func() { close(h.hung) })
+			}
 			<-ctx.Done()
 			return ctx.Err()
 		}
@@ -285,19 +291,19 @@ func TestWatchdogHungRenewalIsolated(t *testing.T) {
 	}{{"OtherRenewed", "a"}, {"LostAtExpires", ""}} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				b := &hangKey{Backend: memlock.New(), key: tc.key}
+				b := &hangKey{Backend: memlock.New(), key: tc.key, hung: make(chan struct{})}
+				b.hang.Store(true)
 				c := dlock.New(b)
 				defer c.Close()
 				ctx := context.Background()
 				if _, err := c.Acquire(ctx, "a", dlock.WithTTL(30*time.Second)); err != nil {
 					t.Fatal(err)
 				}
-				time.Sleep(9950 * time.Millisecond) // a's renewal is due at 10s: bl's comes after
+				<-b.hung // a's renewal, due at TTL/3 (10s), hangs: b's renewals come while it does
 				bl, err := c.Acquire(ctx, "b", dlock.WithTTL(600*time.Millisecond))
 				if err != nil {
 					t.Fatal(err)
 				}
-				b.hang.Store(true)
 				if tc.key != "" {
 					time.Sleep(3 * time.Second)
 					if err := bl.Err(); err != nil || !bl.Expires().After(time.Now()) {
@@ -351,18 +357,27 @@ func TestWatchdogHungRenewalNoBatch(t *testing.T) {
 	})
 }
 
-// slowRefresh is a Backend without RefreshMany whose Refresh takes a
-// while, counting the calls in flight and their peak.
-type slowRefresh struct {
+// gatedRefresh is a Backend without RefreshMany whose Refresh calls wait
+// until gate is closed, counting the calls in flight and their peak;
+// entered is closed when the first call starts.
+type gatedRefresh struct {
 	dlock.Backend
-	peak locktest.Peak
+	peak    locktest.Peak
+	entered chan struct{}
+	once    sync.Once
+	gate    chan struct{}
 }
 
-func (s *slowRefresh) Refresh(ctx context.Context, r dlock.Request) error {
-	s.peak.Enter()
-	defer s.peak.Leave()
-	time.Sleep(50 * time.Millisecond)
-	return s.Backend.Refresh(ctx, r)
+func (g *gatedRefresh) Refresh(ctx context.Context, r dlock.Request) error {
+	g.peak.Enter()
+	defer g.peak.Leave()
+	g.once.Do(func() { close(g.entered) })
+	select {
+	case <-g.gate:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return g.Backend.Refresh(ctx, r)
 }
 
 // TestWatchdogRefreshCallsBounded: on a backend without RefreshMany a
@@ -370,23 +385,26 @@ func (s *slowRefresh) Refresh(ctx context.Context, r dlock.Request) error {
 // most, and every lease is renewed.
 func TestWatchdogRefreshCallsBounded(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		b := &slowRefresh{Backend: memlock.New()}
-		c := dlock.New(b, dlock.WithTTL(3*time.Second))
-		defer c.Close()
+		b := &gatedRefresh{Backend: memlock.New(), entered: make(chan struct{}), gate: make(chan struct{})}
+		c := locktest.Closing(t, dlock.New(b, dlock.WithTTL(3*time.Second)))
 		ctx := context.Background()
 		const n = 600
 		leases := make([]*dlock.Lease, n)
+		first := make([]time.Time, n) // the expiry of each lease's acquisition
 		for i := range leases {
 			leases[i] = locktest.MustAcquire(t, ctx, c, "k"+strconv.Itoa(i))
+			first[i] = leases[i].Expires()
 		}
-		time.Sleep(2 * time.Second) // one renewal round, at TTL/3
+		<-b.entered     // the renewal round, at TTL/3, has begun
+		synctest.Wait() // and started every call it runs at once
 		if p := b.peak.Most(); p != 256 {
 			t.Fatalf("Refresh calls at once: got %d, want 256 (the bound)", p)
 		}
-		for _, l := range leases {
-			// Not renewed, it would expire within a second.
-			if l.Err() != nil || !l.Expires().After(time.Now().Add(1500*time.Millisecond)) {
-				t.Fatalf("%s not renewed: err %v, expires in %v", l.Key(), l.Err(), time.Until(l.Expires()))
+		close(b.gate)
+		synctest.Wait() // the round is over
+		for i, l := range leases {
+			if l.Err() != nil || !l.Expires().After(first[i]) {
+				t.Fatalf("%s not renewed: err %v, expires %v after its acquisition's expiry", l.Key(), l.Err(), l.Expires().Sub(first[i]))
 			}
 		}
 	})
@@ -479,11 +497,7 @@ func TestCloseReleases(t *testing.T) {
 	if _, err := c.Acquire(ctx, "k"); !errors.Is(err, dlock.ErrClosed) {
 		t.Fatalf("Acquire after Close: got %v, want ErrClosed", err)
 	}
-	l2, err := dlock.New(store.Backend()).TryAcquire(ctx, "k")
-	if err != nil {
-		t.Fatalf("lock not released by Close: %v", err)
-	}
-	l2.Release(ctx)
+	assertFree(t, locktest.Closing(t, dlock.New(store.Backend())), "k", "after Close")
 }
 
 func TestLeaseConcurrentUse(t *testing.T) {
@@ -551,11 +565,7 @@ func TestAcquireMany(t *testing.T) {
 	if _, err := other.AcquireMany(tctx, []string{"order:0", "order:1"}); !errors.Is(err, dlock.ErrNotAcquired) {
 		t.Fatalf("overlapping AcquireMany: got %v, want ErrNotAcquired", err)
 	}
-	if l, err := other.TryAcquire(ctx, "order:0"); err != nil {
-		t.Fatalf("order:0 left held after a failed AcquireMany: %v", err)
-	} else {
-		l.Release(ctx)
-	}
+	assertFree(t, other, "order:0", "after a failed AcquireMany")
 	for _, l := range ls {
 		l.Release(ctx)
 	}
@@ -671,23 +681,37 @@ func TestZeroValues(t *testing.T) {
 	}
 }
 
+// inspectCount is a memlock Backend that counts its Inspect calls (an
+// election's readings of its leader).
+type inspectCount struct {
+	*memlock.Backend
+	n atomic.Int64
+}
+
+func (b *inspectCount) Inspect(ctx context.Context, key string) (dlock.Info, error) {
+	b.n.Add(1)
+	return b.Backend.Inspect(ctx, key)
+}
+
 // TestObserveEndsAtClose: Observe's channel closes when the Client is
-// closed, not only when its context ends.
+// closed, not only when its context ends, also while a reading of the
+// leader hangs.
 func TestObserveEndsAtClose(t *testing.T) {
 	for _, frozen := range []bool{false, true} {
 		t.Run(map[bool]string{false: "Answering", true: "Frozen"}[frozen], func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				s := memlock.NewStore()
 				defer s.Resume()
-				c := dlock.New(s.Backend())
+				b := &inspectCount{Backend: s.Backend()}
+				c := dlock.New(b)
 				ch := c.Election("k").Observe(context.Background())
 				if l, ok := <-ch; !ok || l != (dlock.Leader{}) {
 					t.Fatalf("first observation: got %+v, %v; want no leader", l, ok)
 				}
 				if frozen { // the next reading of the leader does not answer
 					s.Pause()
-					time.Sleep(2 * time.Second)
-					synctest.Wait()
+					locktest.WaitFor(t, 2*time.Second, "the next reading of the leader", func() bool { return b.n.Load() >= 2 })
+					synctest.Wait() // it hangs on the paused store
 				}
 				c.Close()
 				for range ch {
@@ -695,4 +719,45 @@ func TestObserveEndsAtClose(t *testing.T) {
 			})
 		})
 	}
+}
+
+// assertHeld fails the test unless key is held elsewhere: c cannot take
+// it at once. when says at which point of the test, for the message.
+func assertHeld(t *testing.T, c *dlock.Client, key, when string) {
+	t.Helper()
+	ctx := context.Background()
+	l, err := c.TryAcquire(ctx, key)
+	if err == nil {
+		l.Release(ctx)
+	}
+	if !errors.Is(err, dlock.ErrNotAcquired) {
+		t.Fatalf("TryAcquire(%q) %s: got %v, want ErrNotAcquired", key, when, err)
+	}
+}
+
+// assertFree fails the test unless c takes key at once; it releases it
+// again. when says at which point of the test, for the message.
+func assertFree(t *testing.T, c *dlock.Client, key, when string) {
+	t.Helper()
+	ctx := context.Background()
+	l, err := c.TryAcquire(ctx, key)
+	if err != nil {
+		t.Fatalf("TryAcquire(%q) %s: %v, want the lock free", key, when, err)
+	}
+	l.Release(ctx)
+}
+
+// freedAt, in a synctest bubble, queues c for key (FIFO: the head of the
+// queue is served the moment the lock is freed or expires) and returns
+// the virtual time it was granted at, releasing it again. It fails the
+// test if key is not granted within d.
+func freedAt(t *testing.T, c *dlock.Client, key string, d time.Duration) time.Time {
+	t.Helper()
+	l, err := c.Acquire(locktest.Ctx(t, d), key, dlock.WithFIFO())
+	if err != nil {
+		t.Fatalf("Acquire(%q), waiting up to %v: %v", key, d, err)
+	}
+	at := time.Now()
+	l.Release(context.Background())
+	return at
 }

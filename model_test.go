@@ -3,6 +3,8 @@ package dlock_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -82,9 +84,7 @@ func TestRefreshShorterRenewsSooner(t *testing.T) {
 		if n := b.renewed.Load() - before; n < 90 {
 			t.Fatalf("renewals in 10s after Refresh(300ms): got %d, want ≥ 90", n)
 		}
-		if _, err := dlock.New(b.Store().Backend()).TryAcquire(ctx, "k"); !errors.Is(err, dlock.ErrNotAcquired) {
-			t.Fatalf("another owner: got %v, want ErrNotAcquired", err)
-		}
+		assertHeld(t, locktest.Closing(t, dlock.New(b.Store().Backend())), "k", "by another owner")
 		l.Release(ctx)
 	})
 }
@@ -104,15 +104,195 @@ func TestReentryKeepsDeadline(t *testing.T) {
 		}
 		inner.Release(ctx)
 		time.Sleep(400 * time.Millisecond)
-		other := dlock.New(store.Backend())
-		defer other.Close()
-		if _, err := other.TryAcquire(ctx, "k"); !errors.Is(err, dlock.ErrNotAcquired) {
-			t.Fatalf("another owner 400ms after the short re-entry's release: got %v, want ErrNotAcquired", err)
-		}
+		assertHeld(t, locktest.Closing(t, dlock.New(store.Backend())), "k", "400ms after the short re-entry's release")
 		if outer.Err() != nil {
 			t.Fatalf("outer hold: %v", outer.Err())
 		}
 		outer.Release(ctx)
+	})
+}
+
+// TestMinHold: a lock released within its minimum hold stays held until
+// the minimum hold ends, then is free at once.
+func TestMinHold(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		opts []dlock.Option
+	}{
+		{"Renewed", nil},
+		{"TTLShorterThanMinHold", []dlock.Option{dlock.WithTTL(200 * time.Millisecond), dlock.WithAutoRenew(false)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				taken := time.Now()
+				other := releaseInMinHold(t, time.Second, tc.opts...)
+				if d := freedAt(t, other, "job", 2*time.Second).Sub(taken); d != time.Second {
+					t.Fatalf("lock released within a 1s minimum hold: free %v after it was taken, want 1s", d)
+				}
+			})
+		})
+	}
+}
+
+// releaseInMinHold takes "job" through a Client with WithMinHold(d) and
+// opts on a new memlock store, releases it at once (checking that the
+// lease ended as released), and returns another Client of the store; both
+// are closed when the test ends.
+func releaseInMinHold(t *testing.T, d time.Duration, opts ...dlock.Option) *dlock.Client {
+	t.Helper()
+	store := memlock.NewStore()
+	c := locktest.Closing(t, dlock.New(store.Backend(), append([]dlock.Option{dlock.WithMinHold(d)}, opts...)...))
+	other := locktest.Closing(t, dlock.New(store.Backend()))
+	ctx := context.Background()
+	l := locktest.MustAcquire(t, ctx, c, "job")
+	if err := l.Release(ctx); err != nil {
+		t.Fatalf("Release within the minimum hold: %v", err)
+	}
+	if !errors.Is(l.Err(), dlock.ErrReleased) {
+		t.Fatalf("lease after Release: got %v, want ErrReleased", l.Err())
+	}
+	return other
+}
+
+// TestMinHoldHuge: a minimum hold as long as a Duration holds keeps the
+// lock after Release (its extension's TTL saturates; it overflowed to the
+// 1ms floor, freeing the lock at once while Release returned nil).
+func TestMinHoldHuge(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		other := releaseInMinHold(t, math.MaxInt64)
+		time.Sleep(time.Hour)
+		assertHeld(t, other, "job", "an hour into an endless minimum hold")
+	})
+}
+
+// flakyRefresh is a Backend whose next fail Refresh calls fail with a
+// network-like error before reaching the store.
+type flakyRefresh struct {
+	dlock.Backend
+	fail atomic.Int32
+}
+
+var errUnreachable = errors.New("server unreachable")
+
+func (b *flakyRefresh) Refresh(ctx context.Context, r dlock.Request) error {
+	if b.fail.Add(-1) >= 0 {
+		return errUnreachable
+	}
+	return b.Backend.Refresh(ctx, r)
+}
+
+// TestMinHoldExtendFails: a Release within the minimum hold whose
+// extension fails retries it; when it cannot succeed before the lock's
+// current expiry, Release says so and the lock is freed at that expiry.
+func TestMinHoldExtendFails(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		fails int32
+		held  bool          // the lock is held until the minimum hold ends
+		freed time.Duration // after the acquisition: the end of the minimum hold, or the expiry of the lock's TTL
+	}{
+		{"Once", 1, true, 2 * time.Second},
+		{"Always", 1 << 30, false, 500 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				store := memlock.NewStore()
+				b := &flakyRefresh{Backend: store.Backend()}
+				c := locktest.Closing(t, dlock.New(b, dlock.WithMinHold(2*time.Second), dlock.WithTTL(500*time.Millisecond), dlock.WithAutoRenew(false)))
+				other := locktest.Closing(t, dlock.New(store.Backend()))
+				ctx := context.Background()
+				taken := time.Now()
+				l := locktest.MustAcquire(t, ctx, c, "job")
+				expires := l.Expires()
+				b.fail.Store(tc.fails)
+				err := l.Release(ctx)
+				if tc.held && err != nil {
+					t.Fatalf("Release with one failed extension: %v", err)
+				}
+				if !tc.held && (!errors.Is(err, dlock.ErrMinHold) || !errors.Is(err, errUnreachable)) {
+					t.Fatalf("Release with the extension failing: got %v, want ErrMinHold wrapping the failure", err)
+				}
+				if !errors.Is(l.Err(), dlock.ErrReleased) {
+					t.Fatalf("lease after Release: got %v, want ErrReleased", l.Err())
+				}
+				if left := time.Until(expires); !tc.held && left > 50*time.Millisecond {
+					t.Fatalf("Release gave up %v before the lock's expiry", left)
+				}
+				if d := freedAt(t, other, "job", 3*time.Second).Sub(taken); d != tc.freed {
+					t.Fatalf("lock free %v after it was taken, want %v", d, tc.freed)
+				}
+			})
+		})
+	}
+}
+
+// TestMaxHold: a lease ends as lost at its maximum hold, though renewed,
+// and the lock is given back at once.
+func TestMaxHold(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memlock.NewStore()
+		c := locktest.Closing(t, dlock.New(store.Backend(), dlock.WithTTL(300*time.Millisecond), dlock.WithMaxHold(time.Second)))
+		other := locktest.Closing(t, dlock.New(store.Backend()))
+		ctx := context.Background()
+		taken := time.Now()
+		l := locktest.MustAcquire(t, ctx, c, "job")
+		work, cancel := l.Context(ctx)
+		defer cancel()
+		select {
+		case <-l.Done():
+		case <-time.After(2 * time.Second):
+			t.Fatal("lease not ended 2s into a 1s maximum hold")
+		}
+		if d := time.Since(taken); d != time.Second {
+			t.Fatalf("lease ended %v after it was taken, want at its 1s maximum hold", d)
+		}
+		if err := l.Err(); !errors.Is(err, dlock.ErrLost) || !errors.Is(err, dlock.ErrMaxHold) {
+			t.Fatalf("after the maximum hold: got %v, want ErrLost and ErrMaxHold", err)
+		}
+		if !errors.Is(context.Cause(work), dlock.ErrMaxHold) {
+			t.Fatalf("lease context cause: got %v, want ErrMaxHold", context.Cause(work))
+		}
+		synctest.Wait() // the lock is given back after the lease ends
+		assertFree(t, other, "job", "at the end of the maximum hold")
+		if err := l.Release(ctx); !errors.Is(err, dlock.ErrMaxHold) {
+			t.Fatalf("Release after the maximum hold: got %v, want ErrMaxHold", err)
+		}
+	})
+}
+
+func TestHoldOptionsInvalid(t *testing.T) {
+	for name, opts := range map[string][]dlock.Option{
+		"NegativeMin": {dlock.WithMinHold(-time.Second)},
+		"NegativeMax": {dlock.WithMaxHold(-time.Second)},
+		"MaxBelowMin": {dlock.WithMinHold(2 * time.Second), dlock.WithMaxHold(time.Second)},
+	} {
+		if err := dlock.New(memlock.New(), opts...).Err(); !errors.Is(err, dlock.ErrInvalidOption) {
+			t.Errorf("%s: got %v, want ErrInvalidOption", name, err)
+		}
+	}
+}
+
+// TestReleaseLostReturnsAtOnce: the Release of a lease lost while the
+// server does not answer returns without waiting for the server.
+func TestReleaseLostReturnsAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memlock.NewStore()
+		c := dlock.New(store.Backend(), dlock.WithTTL(300*time.Millisecond))
+		ctx := context.Background()
+		l := locktest.MustAcquire(t, ctx, c, "k")
+		store.Pause()
+		<-l.Done()
+		start := time.Now()
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		if err := l.Release(rctx); !errors.Is(err, dlock.ErrLost) {
+			t.Fatalf("Release of a lost lease: got %v, want ErrLost", err)
+		}
+		if d := time.Since(start); d != 0 {
+			t.Fatalf("Release of a lost lease waited %v (virtual time) for a frozen server", d)
+		}
+		store.Resume()
+		c.Close()
 	})
 }
 
@@ -148,11 +328,7 @@ func TestSharedOwnerRounds(t *testing.T) {
 				t.Fatalf("round %d: Release: %v", round, err)
 			}
 		}
-		l, err := other.TryAcquire(ctx, "k")
-		if err != nil {
-			t.Fatalf("round %d: lock not free after both releases: %v", round, err)
-		}
-		l.Release(ctx)
+		assertFree(t, other, "k", fmt.Sprintf("in round %d, after both releases", round))
 	}
 }
 
@@ -225,13 +401,7 @@ func TestCloseEndsLeasesFirst(t *testing.T) {
 	if err := <-closed; err != nil {
 		t.Fatalf("Close: %v", err)
 	}
-	other := dlock.New(store.Backend())
-	defer other.Close()
-	l2, err := other.TryAcquire(ctx, "k")
-	if err != nil {
-		t.Fatalf("lock still held after Close: %v", err)
-	}
-	l2.Release(ctx)
+	assertFree(t, locktest.Closing(t, dlock.New(store.Backend())), "k", "after Close")
 }
 
 // TestConcurrentReleasesGiveBackOneShare: two holds of one owner in one
@@ -259,10 +429,7 @@ func TestConcurrentReleasesGiveBackOneShare(t *testing.T) {
 			go func() { defer wg.Done(); h.Release(ctx) }()
 		}
 		wg.Wait()
-		if l, err := other.TryAcquire(ctx, "k"); err == nil {
-			l.Release(ctx)
-			t.Fatalf("round %d: another owner took the lock while the second Client's hold lives", round)
-		}
+		assertHeld(t, other, "k", fmt.Sprintf("in round %d, while the second Client's hold lives", round))
 		if err := hb.Release(ctx); err != nil {
 			t.Fatalf("round %d: second Client's Release: %v", round, err)
 		}

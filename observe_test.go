@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/locktest"
 	"github.com/dlock-go/dlock/memlock"
 )
 
@@ -70,8 +71,7 @@ func testObserverSequence(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(ttl) // two renewals, every TTL/3
-	synctest.Wait()
+	locktest.WaitFor(t, ttl, "two renewals, every TTL/3", func() bool { return rec.count(dlock.EventRenewed) >= 2 })
 	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
