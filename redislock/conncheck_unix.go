@@ -3,7 +3,6 @@
 package redislock
 
 import (
-	"crypto/tls"
 	"errors"
 	"io"
 	"net"
@@ -12,11 +11,9 @@ import (
 
 // checkIdle reports whether the server has closed (or written to) c, a
 // connection on which no call waits, without blocking: it peeks at the
-// socket. A connection that is not a socket passes.
+// socket. A connection that is not a plain socket passes: a TLS one (TLS
+// 1.3 servers send session tickets unasked), or a dialer's wrapper.
 func checkIdle(c net.Conn) error {
-	if t, ok := c.(*tls.Conn); ok {
-		c = t.NetConn()
-	}
 	sc, ok := c.(syscall.Conn)
 	if !ok {
 		return nil
