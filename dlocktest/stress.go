@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,6 +12,7 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/locktest"
 )
 
 // StressEnv names the environment variable that sets how long the Stress
@@ -21,18 +21,6 @@ import (
 //
 //	DLOCK_STRESS=10m go test -run 'Conformance/Stress' -timeout 30m ./...
 const StressEnv = "DLOCK_STRESS"
-
-func stressDuration(t *testing.T) time.Duration {
-	v := os.Getenv(StressEnv)
-	if v == "" {
-		return 3 * time.Second
-	}
-	d, err := time.ParseDuration(v)
-	if err != nil || d <= 0 {
-		t.Fatalf("%s=%q: want a positive duration", StressEnv, v)
-	}
-	return d
-}
 
 // stress runs random Clients and goroutines over a few keys with every
 // option and lease operation mixed (owners shared within and across
@@ -43,7 +31,7 @@ func stressDuration(t *testing.T) time.Duration {
 // a deadline covering its Expires (Inspector), and at the end that
 // nothing is left held.
 func (s *suite) stress(t *testing.T) {
-	d := stressDuration(t)
+	d := locktest.EnvDuration(t, StressEnv, 3*time.Second)
 	const workers, nkeys, nclients = 10, 3, 3
 	st := &stressState{s: s, t: t, held: make(map[string][]*stressHold), maxFence: make(map[string]uint64)}
 	base := Key(t)

@@ -26,7 +26,6 @@ import (
 	"github.com/dlock-go/dlock/internal/locktest"
 	"github.com/dlock-go/dlock/internal/locktest/handoff"
 	"github.com/dlock-go/dlock/internal/scale"
-	"github.com/dlock-go/dlock/internal/testserver"
 )
 
 // BenchmarkHandoff measures lock hand-offs per second with n goroutines
@@ -65,15 +64,15 @@ func benchHandoff(b *testing.B, workers int) {
 	)
 	// 40 slices of 250 ms per set, unless HANDOFF_SLICE sets another
 	// slice length (the same 10 s in all).
-	slice := envDuration(b, "HANDOFF_SLICE", 250*time.Millisecond)
+	slice := locktest.EnvDuration(b, "HANDOFF_SLICE", 250*time.Millisecond)
 	rounds := max(int(10*time.Second/slice), 1)
 	key := locktest.Key(b)
 	newOurs := func(p etcdlock.Protocol) *handoff.Metered[etcdMetrics] {
-		return newContenders(workers, hold, func() handoff.Worker {
+		return locktest.Contenders(workers, hold, func() handoff.Worker {
 			eb := etcdlock.New(newCli(b, srv.Endpoints()))
 			etcdlock.SetProtocol(eb, p)
 			return handoff.ClientWorker(b, dlock.New(eb, dlock.WithTTL(ttl)), key)
-		})
+		}, scrape, (*etcdMetrics).add)
 	}
 	// The sets take turns, in a rotating order. etcdlock runs with its
 	// protocol switches on (as in production), then with new watches (and
@@ -81,7 +80,7 @@ func benchHandoff(b *testing.B, workers int) {
 	// each saves.
 	perWait := etcdlock.AllOn
 	perWait.AnchorStream, perWait.ShareWatches = false, false
-	sets := []*handoff.Metered[etcdMetrics]{newOurs(etcdlock.AllOn), newOurs(perWait), newOurs(etcdlock.Protocol{}), newContenders(workers, hold, func() handoff.Worker {
+	sets := []*handoff.Metered[etcdMetrics]{newOurs(etcdlock.AllOn), newOurs(perWait), newOurs(etcdlock.Protocol{}), locktest.Contenders(workers, hold, func() handoff.Worker {
 		s, err := concurrency.NewSession(newCli(b, srv.Endpoints()), concurrency.WithTTL(int(ttl/time.Second)))
 		if err != nil {
 			b.Fatalf("NewSession: %v", err)
@@ -91,7 +90,7 @@ func benchHandoff(b *testing.B, workers int) {
 			func() error { return m.Lock(context.Background()) },
 			func() error { return m.Unlock(context.Background()) },
 			func() { s.Close() })
-	})}
+	}, scrape, (*etcdMetrics).add)}
 	names := []string{"etcdlock", "etcdlock (watches per wait)", "etcdlock (all switches off)", "concurrency.Mutex"}
 	for _, c := range sets {
 		defer c.Close()
@@ -109,46 +108,18 @@ func benchHandoff(b *testing.B, workers int) {
 	b.ReportMetric(sets[2].Srv.requests()/float64(max(sets[2].Total, 1)), "legacy-rpcs/op")
 }
 
-// envDuration returns the duration the environment variable name sets, or
-// def if it is not set; it fails b unless the value is a positive duration.
-func envDuration(b *testing.B, name string, def time.Duration) time.Duration {
-	b.Helper()
-	v := os.Getenv(name)
-	if v == "" {
-		return def
-	}
-	d, err := time.ParseDuration(v)
-	if err != nil || d <= 0 {
-		b.Fatalf("%s=%q: want a positive duration", name, v)
-	}
-	return d
-}
-
-// newContenders returns n workers made by newWorker, each holding the
-// lock for hold (locktest.Hold), with what the etcd server counts while
-// they run.
-func newContenders(n int, hold time.Duration, newWorker func() handoff.Worker) *handoff.Metered[etcdMetrics] {
-	set := handoff.NewSet(n, func() { locktest.Hold(hold) }, newWorker)
-	return handoff.NewMetered(set, etcdMetrics{rpcs: make(map[string]float64)}, scrape, (*etcdMetrics).add)
-}
-
 // etcdMetrics are counters from the etcd server's /metrics.
 type etcdMetrics struct {
 	fsyncs   float64            // WAL fsyncs
 	fsyncSec float64            // seconds spent in them
 	rpcs     map[string]float64 // gRPC messages received, by method
-	srvCPU   float64            // CPU seconds of the etcd process
-	cliCPU   float64            // CPU seconds of this (the clients') process
+	cpu      locktest.CPU       // of the etcd process and the clients'
 }
-
-// cpuSeconds returns the CPU time process pid has used, in seconds
-// (testserver.CPUTime; 0 outside Linux).
-func cpuSeconds(pid int) float64 { return testserver.CPUTime(pid).Seconds() }
 
 // scrape reads the test server's counters; on failure the figures are
 // zero (they are informative only).
 func scrape() etcdMetrics {
-	m := etcdMetrics{rpcs: make(map[string]float64), srvCPU: cpuSeconds(srv.PID()), cliCPU: cpuSeconds(os.Getpid())}
+	m := etcdMetrics{rpcs: make(map[string]float64), cpu: locktest.SampleCPU(srv.PID())}
 	resp, err := http.Get(srv.ClientURL() + "/metrics")
 	if err != nil {
 		return m
@@ -184,8 +155,10 @@ func scrape() etcdMetrics {
 func (m *etcdMetrics) add(after, before etcdMetrics) {
 	m.fsyncs += after.fsyncs - before.fsyncs
 	m.fsyncSec += after.fsyncSec - before.fsyncSec
-	m.srvCPU += after.srvCPU - before.srvCPU
-	m.cliCPU += after.cliCPU - before.cliCPU
+	m.cpu.Add(after.cpu, before.cpu)
+	if m.rpcs == nil {
+		m.rpcs = make(map[string]float64)
+	}
 	for k, v := range after.rpcs {
 		if d := v - before.rpcs[k]; d > 0 {
 			m.rpcs[k] += d
@@ -217,17 +190,11 @@ func (m *etcdMetrics) per(n int64) string {
 	}
 	f := float64(n)
 	var parts []string
-	for _, k := range slices.Sorted(func(yield func(string) bool) {
-		for k := range m.rpcs {
-			if !yield(k) {
-				return
-			}
-		}
-	}) {
+	for _, k := range slices.Sorted(maps.Keys(m.rpcs)) {
 		parts = append(parts, fmt.Sprintf("%s %.2f", k, m.rpcs[k]/f))
 	}
 	return fmt.Sprintf("rpcs %.2f (%s), fsyncs %.2f, fsync %.3f ms, CPU ms: etcd %.2f, clients %.2f",
-		m.requests()/f, strings.Join(parts, ", "), m.fsyncs/f, m.fsyncSec*1e3/f, m.srvCPU*1e3/f, m.cliCPU*1e3/f)
+		m.requests()/f, strings.Join(parts, ", "), m.fsyncs/f, m.fsyncSec*1e3/f, m.cpu.Server*1e3/f, m.cpu.Clients*1e3/f)
 }
 
 // BenchmarkManyHeld holds many leases through one dlock.Client (auto-renew,
@@ -254,7 +221,7 @@ func BenchmarkManyHeld(b *testing.B) {
 			b.Fatalf("MANYHELD_N=%q: want a positive integer", v)
 		}
 	}
-	hold := envDuration(b, "MANYHELD_HOLD", 10*time.Second)
+	hold := locktest.EnvDuration(b, "MANYHELD_HOLD", 10*time.Second)
 	for _, mode := range []struct {
 		name string
 		min  int
@@ -317,7 +284,6 @@ func benchManyHeld(b *testing.B, n int, hold time.Duration, prefixWatchMin int) 
 	}
 	rts.Store(0)
 	var srvDuring etcdMetrics // what the server received during the hold
-	srvDuring.rpcs = make(map[string]float64)
 	before := scrape()
 	time.Sleep(hold) // the measured hold: the watchdog renews meanwhile
 	held := rts.Load()

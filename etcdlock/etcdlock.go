@@ -218,6 +218,17 @@ func (b *Backend) dead(ls *leaseState) bool {
 	return ls.dead != nil
 }
 
+// startLocked runs loop on a goroutine counted in b.wg unless *running
+// says it runs, and sets *running. b.mu must be held.
+func (b *Backend) startLocked(running *bool, loop func()) {
+	if *running {
+		return
+	}
+	*running = true
+	b.wg.Add(1)
+	go loop()
+}
+
 // Close implements dlock.Backend: it ends the Backend's watches, takes
 // back its holds of owners' entries and revokes its shared leases (which
 // deletes their entries), within 5 s; locks still held are reported lost.

@@ -468,17 +468,8 @@ func TestReentrantJoinWhileQueued(t *testing.T) {
 	owner := "job-" + rand.Text()[:6]
 	c, b := newClient(t, srv.Endpoints(), dlock.WithOwner(owner))
 	c2, _ := newClient(t, srv.Endpoints(), dlock.WithOwner(owner))
-	type res struct {
-		l   *dlock.Lease
-		err error
-	}
-	got := make(chan res, 2)
-	for _, c := range []*dlock.Client{c, c2} {
-		go func() {
-			l, err := c.Acquire(ctx, key)
-			got <- res{l, err}
-		}()
-	}
+	w1 := locktest.Go(func() (*dlock.Lease, error) { return c.Acquire(ctx, key) })
+	w2 := locktest.Go(func() (*dlock.Lease, error) { return c2.Acquire(ctx, key) })
 	locktest.WaitFor(t, 10*time.Second, "both waits joined one entry", func() bool {
 		resp, err := cli.Get(ctx, b.LockKey(key, owner))
 		return err == nil && len(resp.Kvs) == 1 && string(resp.Kvs[0].Value) == "2 "+owner
@@ -489,15 +480,12 @@ func TestReentrantJoinWhileQueued(t *testing.T) {
 	if err := holder.Release(ctx); err != nil {
 		t.Fatalf("Release holder: %v", err)
 	}
-	r1, r2 := <-got, <-got
-	if r1.err != nil || r2.err != nil {
-		t.Fatalf("joined waits: got %v and %v, want both granted", r1.err, r2.err)
+	l1, l2 := locktest.Granted(t, w1, 10*time.Second), locktest.Granted(t, w2, 10*time.Second)
+	if l1.Fence() != l2.Fence() || l1.Fence() <= holder.Fence() {
+		t.Fatalf("fences: got %d and %d, want equal and > %d", l1.Fence(), l2.Fence(), holder.Fence())
 	}
-	if r1.l.Fence() != r2.l.Fence() || r1.l.Fence() <= holder.Fence() {
-		t.Fatalf("fences: got %d and %d, want equal and > %d", r1.l.Fence(), r2.l.Fence(), holder.Fence())
-	}
-	for _, r := range []res{r1, r2} {
-		if err := r.l.Release(ctx); err != nil {
+	for _, l := range []*dlock.Lease{l1, l2} {
+		if err := l.Release(ctx); err != nil {
 			t.Fatalf("Release joined hold: %v", err)
 		}
 	}

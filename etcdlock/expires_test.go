@@ -23,15 +23,11 @@ import (
 // check. The lock still gets at least 9/10 of its TTL.
 func TestTryAcquireCoversExpires(t *testing.T) {
 	const long = 20 * time.Second // renewals reused for up to 2 s
-	for _, owner := range []string{"", "expires-owner"} {
-		name := "shared"
-		if owner != "" {
-			name = "private"
-		}
-		t.Run(name, func(t *testing.T) {
+	for _, tc := range []struct{ name, owner string }{{"shared", ""}, {"private", "expires-owner"}} {
+		t.Run(tc.name, func(t *testing.T) {
 			opts := []dlock.Option{dlock.WithTTL(long)}
-			if owner != "" {
-				opts = append(opts, dlock.WithOwner(owner))
+			if tc.owner != "" {
+				opts = append(opts, dlock.WithOwner(tc.owner))
 			}
 			c, b := newClient(t, srv.Endpoints(), opts...)
 			ctx := locktest.Ctx(t, 30*time.Second)
@@ -43,7 +39,7 @@ func TestTryAcquireCoversExpires(t *testing.T) {
 			if err != nil {
 				t.Fatalf("TryAcquire: %v", err)
 			}
-			if owner != "" {
+			if tc.owner != "" {
 				if err := first.Release(ctx); err != nil {
 					t.Fatalf("Release: %v", err)
 				}

@@ -181,11 +181,7 @@ func (b *Backend) startWatch(h *held, from int64) {
 	}
 	o.ch = wch
 	b.holds.watching[h] = struct{}{}
-	if !b.holds.looping {
-		b.holds.looping = true
-		b.wg.Add(1)
-		go b.lossLoop()
-	}
+	b.startLocked(&b.holds.looping, b.lossLoop)
 	select {
 	case b.holds.kick <- struct{}{}:
 	default:

@@ -85,12 +85,11 @@ func assertHeldBy(t *testing.T, b *etcdlock.Backend, cli *clientv3.Client, r dlo
 // answers (at various points of the call) leaves the held entry alone
 // (TryAcquire and Wait).
 func TestCancelledReentryKeepsHeldEntry(t *testing.T) {
-	for _, wait := range []bool{false, true} {
-		name := "TryAcquire"
-		if wait {
-			name = "Wait"
-		}
-		t.Run(name, func(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		wait bool
+	}{{"TryAcquire", false}, {"Wait", true}} {
+		t.Run(tc.name, func(t *testing.T) {
 			key := locktest.Key(t)
 			b, cli := newBackend(t)
 			r := ownerReq(t, key, ttl)
@@ -101,7 +100,7 @@ func TestCancelledReentryKeepsHeldEntry(t *testing.T) {
 					g2  dlock.Grant
 					err error
 				)
-				if wait {
+				if tc.wait {
 					g2, err = b.Wait(ctx, r)
 				} else {
 					g2, err = b.TryAcquire(ctx, r)
@@ -228,15 +227,14 @@ func renewUntil(t *testing.T, b *etcdlock.Backend, r dlock.Request, period time.
 // A Refresh with a shorter TTL never shortens the lock on the server: its
 // entry stays on a lease at least as long as the one it had.
 func TestRefreshShorterKeepsLongerLease(t *testing.T) {
-	for _, reentrant := range []bool{false, true} {
-		name := "token"
-		if reentrant {
-			name = "owner"
-		}
-		t.Run(name, func(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		reentrant bool
+	}{{"token", false}, {"owner", true}} {
+		t.Run(tc.name, func(t *testing.T) {
 			key := locktest.Key(t)
 			b, cli := newBackend(t)
-			r := dlock.Request{Key: key, Token: "tok-" + key, TTL: 5 * time.Second, Reentrant: reentrant}
+			r := dlock.Request{Key: key, Token: "tok-" + key, TTL: 5 * time.Second, Reentrant: tc.reentrant}
 			r.Fence = mustTry(t, b, r).Fence
 			short := r
 			short.TTL = ttl
@@ -272,10 +270,11 @@ func TestLongerTTLLengthensLease(t *testing.T) {
 	}
 	// Both holders keep renewing the lock where it now is.
 	r.Fence, long.Fence = g.Fence, g.Fence
-	for _, x := range []struct {
+	holders := []struct {
 		b *etcdlock.Backend
 		r dlock.Request
-	}{{b, r}, {b2, long}} {
+	}{{b, r}, {b2, long}}
+	for _, x := range holders {
 		if err := x.b.Refresh(locktest.Ctx(t, 10*time.Second), x.r); err != nil {
 			t.Fatalf("Refresh after the move: %v", err)
 		}
@@ -291,10 +290,7 @@ func TestLongerTTLLengthensLease(t *testing.T) {
 	if err := b2.Refresh(locktest.Ctx(t, 10*time.Second), long); err != nil {
 		t.Fatalf("Refresh by the other holder after the second move: %v", err)
 	}
-	for _, x := range []struct {
-		b *etcdlock.Backend
-		r dlock.Request
-	}{{b, r}, {b2, long}} {
+	for _, x := range holders {
 		if err := x.b.Release(locktest.Ctx(t, 10*time.Second), x.r); err != nil {
 			t.Fatalf("Release: %v", err)
 		}

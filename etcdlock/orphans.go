@@ -118,12 +118,10 @@ func (b *Backend) orphanLocked(name string, fence int64, claims int) {
 // lease would otherwise live as long as the Backend renews that lease for
 // its other entries, and, heading a queue, stall it. b.mu must be held.
 func (b *Backend) sweepLocked() {
-	if b.orphans.sweeping || b.closed || len(b.orphans.byName) == 0 {
+	if b.closed || len(b.orphans.byName) == 0 {
 		return
 	}
-	b.orphans.sweeping = true
-	b.wg.Add(1)
-	go b.sweepLoop()
+	b.startLocked(&b.orphans.sweeping, b.sweepLoop)
 }
 
 // sweepLoop is the background removal started by sweepLocked.

@@ -2,7 +2,6 @@ package etcdlock_test
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -232,28 +231,16 @@ func TestWaitReusesEntryWatches(t *testing.T) {
 		t.Fatalf("Acquire holder: %v", err)
 	}
 	created := counter.created.Load()
-	var released atomic.Bool
-	waited := make(chan error, 1)
-	go func() {
-		l, err := wc.Acquire(ctx, key)
-		if err == nil && !released.Load() {
-			err = fmt.Errorf("granted while the holder still held the lock (fence %d)", l.Fence())
-		}
-		if err == nil {
-			err = l.Release(ctx)
-		}
-		waited <- err
-	}()
+	waited := locktest.Go(func() (*dlock.Lease, error) { return wc.Acquire(ctx, key) })
 	locktest.WaitFor(t, 10*time.Second, "waiter queued", func() bool { return entries(t, cli, key) == 2 })
-	// Nothing to await here: a waiter misled by the old deletion would be
-	// granted within a few milliseconds.
-	time.Sleep(100 * time.Millisecond)
-	released.Store(true)
+	// A waiter misled by the old deletion would be granted within a few
+	// milliseconds.
+	locktest.NotWithin(t, waited, 100*time.Millisecond, "waiter while the holder holds the lock")
 	if err := holder.Release(ctx); err != nil {
 		t.Fatalf("Release holder: %v", err)
 	}
-	if err := <-waited; err != nil {
-		t.Fatalf("waiter: %v", err)
+	if err := locktest.Granted(t, waited, 30*time.Second).Release(ctx); err != nil {
+		t.Fatalf("Release waiter: %v", err)
 	}
 	if n := counter.created.Load() - created; n != 0 {
 		t.Fatalf("watches created by the third wait: got %d, want 0", n)

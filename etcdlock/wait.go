@@ -450,12 +450,10 @@ func (w *waiter) errAcquire(err error) error {
 func (b *Backend) anchor() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.waits.anchored || b.closed || !b.tune.anchorStream {
+	if b.closed || !b.tune.anchorStream {
 		return
 	}
-	b.waits.anchored = true
-	b.wg.Add(1)
-	go b.anchorLoop()
+	b.startLocked(&b.waits.anchored, b.anchorLoop)
 }
 
 // anchorLoop keeps one watch open on the waiters' watch stream for the

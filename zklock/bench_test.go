@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"fmt"
 	"net"
-	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -13,7 +12,6 @@ import (
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/internal/locktest"
 	"github.com/dlock-go/dlock/internal/locktest/handoff"
-	"github.com/dlock-go/dlock/internal/testserver"
 	"github.com/dlock-go/dlock/zklock"
 	"github.com/go-zookeeper/zk"
 )
@@ -44,26 +42,26 @@ func benchHandoff(b *testing.B, workers int) {
 	)
 	key := fmt.Sprintf("bench-%d", time.Now().UnixNano())
 	newOurs := func(ahead bool) *handoff.Metered[zkMetrics] {
-		return newContenders(workers, hold, func() handoff.Worker {
+		return locktest.Contenders(workers, hold, func() handoff.Worker {
 			_, be, err := zklock.Connect([]string{zkServer.Addr()}, session, zklock.WithLogger(quiet{}))
 			if err != nil {
 				b.Fatal(err)
 			}
 			be.SetWatchAhead(ahead)
 			return handoff.ClientWorker(b, dlock.New(be, dlock.WithTTL(session)), key)
-		})
+		}, scrape, (*zkMetrics).add)
 	}
 	// The sets take turns, in a rotating order: zklock as in production,
 	// zklock without watching the node ahead of the predecessor (what that
 	// saves), and the peer.
-	sets := []*handoff.Metered[zkMetrics]{newOurs(true), newOurs(false), newContenders(workers, hold, func() handoff.Worker {
+	sets := []*handoff.Metered[zkMetrics]{newOurs(true), newOurs(false), locktest.Contenders(workers, hold, func() handoff.Worker {
 		conn, _, err := zk.Connect([]string{zkServer.Addr()}, session, zk.WithLogger(quiet{}))
 		if err != nil {
 			b.Fatal(err)
 		}
 		zl := zk.NewLock(conn, "/zklock-bench/"+key, zk.WorldACL(zk.PermAll))
 		return locktest.PeerWorker(b, zl.Lock, zl.Unlock, conn.Close)
-	})}
+	}, scrape, (*zkMetrics).add)}
 	names := []string{"zklock", "zklock (no watch ahead)", "zk.Lock"}
 	for _, c := range sets {
 		defer c.Close()
@@ -78,27 +76,19 @@ func benchHandoff(b *testing.B, workers int) {
 	b.ReportMetric(sets[2].Srv.requests/float64(max(sets[2].Total, 1)), "zk.Lock-reqs/op")
 }
 
-// newContenders returns n workers made by newWorker, each holding the
-// lock for hold (locktest.Hold), with what the ZooKeeper server counts while
-// they run.
-func newContenders(n int, hold time.Duration, newWorker func() handoff.Worker) *handoff.Metered[zkMetrics] {
-	return handoff.NewMetered(handoff.NewSet(n, func() { locktest.Hold(hold) }, newWorker), zkMetrics{}, scrape, (*zkMetrics).add)
-}
-
 // zkMetrics are counters of the ZooKeeper server (four-letter word mntr)
 // and CPU times.
 type zkMetrics struct {
-	requests float64 // packets received (requests and pings)
-	fsyncs   float64 // transaction log fsyncs
-	fsyncMs  float64 // milliseconds spent in them
-	srvCPU   float64 // CPU seconds of the server (the JVM)
-	cliCPU   float64 // CPU seconds of this (the clients') process
+	requests float64      // packets received (requests and pings)
+	fsyncs   float64      // transaction log fsyncs
+	fsyncMs  float64      // milliseconds spent in them
+	cpu      locktest.CPU // of the server (the JVM) and the clients'
 }
 
 // scrape reads the test server's counters; on failure the figures are
 // zero (they are informative only).
 func scrape() zkMetrics {
-	m := zkMetrics{srvCPU: cpuSeconds(zkServer.PID()), cliCPU: cpuSeconds(os.Getpid())}
+	m := zkMetrics{cpu: locktest.SampleCPU(zkServer.PID())}
 	conn, err := net.DialTimeout("tcp", zkServer.Addr(), 5*time.Second)
 	if err != nil {
 		return m
@@ -135,8 +125,7 @@ func (m *zkMetrics) add(after, before zkMetrics) {
 	m.requests += after.requests - before.requests
 	m.fsyncs += after.fsyncs - before.fsyncs
 	m.fsyncMs += after.fsyncMs - before.fsyncMs
-	m.srvCPU += after.srvCPU - before.srvCPU
-	m.cliCPU += after.cliCPU - before.cliCPU
+	m.cpu.Add(after.cpu, before.cpu)
 }
 
 // per formats m divided by n grants.
@@ -146,9 +135,5 @@ func (m *zkMetrics) per(n int64) string {
 	}
 	f := float64(n)
 	return fmt.Sprintf("requests %.2f, fsyncs %.2f, fsync %.3f ms, CPU ms: server %.2f, clients %.2f",
-		m.requests/f, m.fsyncs/f, m.fsyncMs/f, m.srvCPU*1e3/f, m.cliCPU*1e3/f)
+		m.requests/f, m.fsyncs/f, m.fsyncMs/f, m.cpu.Server*1e3/f, m.cpu.Clients*1e3/f)
 }
-
-// cpuSeconds returns the CPU time process pid has used, in seconds
-// (testserver.CPUTime; 0 outside Linux).
-func cpuSeconds(pid int) float64 { return testserver.CPUTime(pid).Seconds() }

@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"net"
 	"os"
@@ -216,7 +215,7 @@ func (p *cutProxy) pipe(c, s net.Conn) (up, down func()) {
 	cutXid.Store(math.MinInt64)
 	up = func() {
 		for first := true; ; first = false {
-			frame, err := readFrame(c)
+			frame, err := testserver.ReadZKFrame(c)
 			if err != nil {
 				return
 			}
@@ -232,7 +231,7 @@ func (p *cutProxy) pipe(c, s net.Conn) (up, down func()) {
 	}
 	down = func() {
 		for first := true; ; first = false {
-			frame, err := readFrame(s)
+			frame, err := testserver.ReadZKFrame(s)
 			if err != nil {
 				return
 			}
@@ -255,22 +254,6 @@ func opcode(frame []byte, first bool) int32 {
 		return -1
 	}
 	return int32(binary.BigEndian.Uint32(frame[8:12]))
-}
-
-// readFrame reads one length-prefixed frame, prefix included.
-func readFrame(r io.Reader) ([]byte, error) {
-	var hdr [4]byte
-	if _, err := io.ReadFull(r, hdr[:]); err != nil {
-		return nil, err
-	}
-	n := binary.BigEndian.Uint32(hdr[:])
-	if n > 4<<20 {
-		return nil, fmt.Errorf("frame of %d bytes", n)
-	}
-	frame := make([]byte, 4+n)
-	copy(frame, hdr[:])
-	_, err := io.ReadFull(r, frame[4:])
-	return frame, err
 }
 
 // TestLostCreateReplyIsRecovered drops the reply of the lock node's

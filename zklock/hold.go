@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/dlock-go/dlock"
@@ -133,17 +132,7 @@ func (b *Backend) RefreshMany(ctx context.Context, rs []dlock.Request) []error {
 		check(read[0])
 		return errs
 	}
-	sem := make(chan struct{}, armParallel)
-	var wg sync.WaitGroup
-	for _, i := range read {
-		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			check(i)
-		}()
-	}
-	wg.Wait()
+	inParallel(read, check)
 	return errs
 }
 

@@ -34,13 +34,7 @@ func TestStress(t *testing.T) {
 	if testing.Short() {
 		dur = 2 * time.Second
 	}
-	if v := os.Getenv("ZKLOCK_STRESS"); v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			t.Fatalf("ZKLOCK_STRESS=%q: %v", v, err)
-		}
-		dur = d
-	}
+	dur = locktest.EnvDuration(t, "ZKLOCK_STRESS", dur)
 	s := newStress(t, 4, 3)
 	s.run(dur, 12)
 	t.Logf("ops: %v", s.ops.Snapshot())

@@ -335,45 +335,54 @@ func (b *Backend) armer() {
 // arm sets the watches of hs, up to armParallel at a time (pipelined on
 // the connection). A hold whose node turns out to be gone is lost; on an
 // error the next Refresh sets the watch.
-func (b *Backend) arm(hs []*hold) {
+func (b *Backend) arm(hs []*hold) { inParallel(hs, b.armOne) }
+
+// armOne sets h's watch for arm.
+func (b *Backend) armOne(h *hold) {
+	ctx, cancel := context.WithTimeout(b.ctx, max(abandonTimeout, b.SessionTimeout()))
+	var res statResult
+	var err error
+	if b.wired() {
+		r := b.startWire(h)
+		if r == nil {
+			// Watched meanwhile, or being read (by Refresh), which
+			// watches it: nothing to do.
+			cancel()
+			return
+		}
+		res, err = b.readWire(ctx, h, r) // records the watch
+	} else {
+		res, err = await(ctx, func() (statResult, error) {
+			ok, st, ch, err := b.conn.ExistsW(h.path)
+			return statResult{exists: ok, stat: st, watch: ch}, err
+		})
+	}
+	cancel()
+	switch {
+	case err != nil:
+	case !res.exists || res.stat.EphemeralOwner != h.session:
+		b.mu.Lock()
+		current := b.holds[h.key] == h && !h.releasing
+		b.mu.Unlock()
+		if current {
+			b.loseHold(h, h.goneErr())
+		}
+	case !b.wired():
+		b.setWatch(h, res.watch)
+	}
+}
+
+// inParallel calls f with each of xs, armParallel calls at a time, and
+// returns when all have returned.
+func inParallel[T any](xs []T, f func(T)) {
 	sem := make(chan struct{}, armParallel)
 	var wg sync.WaitGroup
-	for _, h := range hs {
+	for _, x := range xs {
 		sem <- struct{}{}
 		wg.Add(1)
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			ctx, cancel := context.WithTimeout(b.ctx, max(abandonTimeout, b.SessionTimeout()))
-			var res statResult
-			var err error
-			if b.wired() {
-				r := b.startWire(h)
-				if r == nil {
-					// Watched meanwhile, or being read (by Refresh), which
-					// watches it: nothing to do.
-					cancel()
-					return
-				}
-				res, err = b.readWire(ctx, h, r) // records the watch
-			} else {
-				res, err = await(ctx, func() (statResult, error) {
-					ok, st, ch, err := b.conn.ExistsW(h.path)
-					return statResult{exists: ok, stat: st, watch: ch}, err
-				})
-			}
-			cancel()
-			switch {
-			case err != nil:
-			case !res.exists || res.stat.EphemeralOwner != h.session:
-				b.mu.Lock()
-				current := b.holds[h.key] == h && !h.releasing
-				b.mu.Unlock()
-				if current {
-					b.loseHold(h, h.goneErr())
-				}
-			case !b.wired():
-				b.setWatch(h, res.watch)
-			}
+			f(x)
 		}()
 	}
 	wg.Wait()

@@ -8,16 +8,18 @@
 // helpers instead of copies.
 //
 // A test that waits awaits what it waits for: a condition (WaitFor,
-// Poll), the end of changes (Settle), an acquisition's outcome (Granted)
-// or a Client's report that it waits (Waiting). Its subpackages hold the
-// TestMain of packages whose tests share servers (testmain), the servers
-// and backends of the framework adapters' tests (adaptertest) and the
-// harness of the hand-off benchmarks (handoff).
+// Poll), the end of changes (Settle), an acquisition's outcome (Granted,
+// or none for a while: NotWithin) or a Client's report that it waits
+// (Waiting). Its subpackages hold the TestMain of packages whose tests
+// share servers (testmain), the servers and backends of the framework
+// adapters' tests (adaptertest) and the harness of the hand-off
+// benchmarks (handoff).
 package locktest
 
 import (
 	"context"
 	"crypto/rand"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -40,6 +42,22 @@ func Ctx(t testing.TB, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
 	return ctx
+}
+
+// EnvDuration returns the duration the environment variable name sets, or
+// def if it is not set; it fails the test unless the value is a positive
+// duration.
+func EnvDuration(t testing.TB, name string, def time.Duration) time.Duration {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		t.Fatalf("%s=%q: want a positive duration", name, v)
+	}
+	return d
 }
 
 // WaitFor polls cond every millisecond until it holds, failing the test
@@ -126,6 +144,17 @@ func NotYet(t testing.TB, ch <-chan Outcome, what string) {
 	case r := <-ch:
 		t.Fatalf("%s: ended (lease %v, error %v), want still waiting", what, r.Lease != nil, r.Err)
 	default:
+	}
+}
+
+// NotWithin fails the test if the acquisition started by Go ends within
+// d; what names it in the message.
+func NotWithin(t testing.TB, ch <-chan Outcome, d time.Duration, what string) {
+	t.Helper()
+	select {
+	case r := <-ch:
+		t.Fatalf("%s: ended (lease %v, error %v) within %v, want still waiting", what, r.Lease != nil, r.Err, d)
+	case <-time.After(d):
 	}
 }
 

@@ -135,12 +135,25 @@ func tryStartEtcdCluster(n int, bin string, timeout time.Duration) (_ *EtcdClust
 	for i := range c.members {
 		c.members[i] = &Etcd{name: fmt.Sprintf("m%d", i), clientPort: ps[2*i], peerPort: ps[2*i+1]}
 	}
+	if err := c.prepare(bin, timeout, nil); err != nil {
+		return nil, err
+	}
+	if err := launchAll(c.members, func(m *Etcd) *server { return m.srv }); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// prepare gives each member of c a new data directory and the server that
+// runs etcd (bin) for it as a member of a new cluster (etcdBootstrap);
+// adapt, if not nil, then adjusts member i's server s.
+func (c *EtcdCluster) prepare(bin string, timeout time.Duration, adapt func(i int, s *server)) error {
 	initial, token := etcdBootstrap(c.members)
 	env := filterEnv("ETCD_") // etcd reads ETCD_* variables as flags
-	for _, m := range c.members {
+	for i, m := range c.members {
 		dir, err := os.MkdirTemp("", "dlock-testserver-etcd-")
 		if err != nil {
-			return nil, fmt.Errorf("testserver: %w", err)
+			return fmt.Errorf("testserver: %w", err)
 		}
 		url := m.ClientURL()
 		m.srv = &server{
@@ -154,38 +167,11 @@ func tryStartEtcdCluster(n int, bin string, timeout time.Duration) (_ *EtcdClust
 			ready:   func() error { return etcdHealthy(url) },
 			ports:   []int{m.clientPort, m.peerPort},
 		}
-	}
-	// All members must run before any can become healthy (quorum).
-	for _, m := range c.members {
-		if err := m.srv.launch(); err != nil {
-			return nil, err
+		if adapt != nil {
+			adapt(i, m.srv)
 		}
 	}
-	// A member that exits (say, it could not bind its port) makes the others
-	// wait for a quorum in vain: stop waiting for them at once.
-	procs := make([]*proc, n)
-	for i, m := range c.members {
-		procs[i] = m.srv.p
-	}
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for i, m := range c.members {
-		wg.Go(func() {
-			errs[i] = m.srv.awaitReadyWith(func() error {
-				for j, p := range procs {
-					if j != i && p.exited() {
-						return abort(fmt.Errorf("member %s exited", c.members[j].name))
-					}
-				}
-				return m.srv.ready()
-			})
-		})
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		return nil, err
-	}
-	return c, nil
+	return nil
 }
 
 // httpClient talks to etcd's HTTP endpoints. No keep-alives: an idle

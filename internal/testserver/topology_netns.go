@@ -228,26 +228,16 @@ func startEtcdIn(lab *netLab, bin string) (_ *EtcdCluster, err error) {
 	for i := range c.members {
 		c.members[i] = &Etcd{host: lab.IP(i), name: fmt.Sprintf("m%d", i), clientPort: clientPort, peerPort: peerPort}
 	}
-	initial, token := etcdBootstrap(c.members)
-	env := filterEnv("ETCD_")
-	for i, m := range c.members {
-		dir, err := os.MkdirTemp("", "dlock-testserver-etcd-")
-		if err != nil {
-			return nil, fmt.Errorf("testserver: %w", err)
-		}
-		url := m.ClientURL()
-		m.srv = &server{
-			name:    "etcd " + m.Endpoints()[0] + " in " + lab.ns(i),
-			bin:     lab.ipBin,
-			args:    append(append(lab.wrap(i), bin), etcdArgs(m, dir, initial, token)...),
-			env:     env,
-			dir:     dir,
-			logPath: filepath.Join(dir, "etcd.log"),
-			timeout: DefaultStartTimeout,
-			ready:   func() error { return etcdHealthy(url) },
-			// No ports: the listeners live in another namespace, which
-			// /proc/net/tcp here does not show; health answers instead.
-		}
+	err = c.prepare(bin, DefaultStartTimeout, func(i int, s *server) {
+		s.name += " in " + lab.ns(i)
+		s.args = append(append(lab.wrap(i), s.bin), s.args...)
+		s.bin = lab.ipBin
+		// No ports: the listeners live in another namespace, which
+		// /proc/net/tcp here does not show; health answers instead.
+		s.ports = nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	if err := launchAll(c.members, func(m *Etcd) *server { return m.srv }); err != nil {
 		return nil, err

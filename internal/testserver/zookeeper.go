@@ -274,10 +274,11 @@ func zkHandshake(addr string) error {
 	if _, err := c.Write(req); err != nil {
 		return err
 	}
-	resp, err := readZKFrame(c)
+	frame, err := ReadZKFrame(c)
 	if err != nil {
 		return fmt.Errorf("ConnectResponse: %w", err)
 	}
+	resp := frame[4:]
 	// protocolVersion int32, timeOut int32, sessionId int64, passwd buffer.
 	if len(resp) < 16 {
 		return fmt.Errorf("ConnectResponse too short (%d bytes)", len(resp))
@@ -292,25 +293,28 @@ func zkHandshake(addr string) error {
 	cl = binary.BigEndian.AppendUint32(cl, 1)
 	cl = binary.BigEndian.AppendUint32(cl, uint32(0xFFFFFFF5)) // -11
 	if _, err := c.Write(cl); err == nil {
-		_, _ = readZKFrame(c) // best effort; the session expires anyway
+		_, _ = ReadZKFrame(c) // best effort; the session expires anyway
 	}
 	return nil
 }
 
-func readZKFrame(r io.Reader) ([]byte, error) {
+// ReadZKFrame reads one length-prefixed ZooKeeper frame from r and returns
+// it, prefix included; a frame longer than 4 MiB is an error.
+func ReadZKFrame(r io.Reader) ([]byte, error) {
 	var hdr [4]byte
 	if _, err := io.ReadFull(r, hdr[:]); err != nil {
 		return nil, err
 	}
 	n := binary.BigEndian.Uint32(hdr[:])
-	if n > 1<<20 {
+	if n > 4<<20 {
 		return nil, fmt.Errorf("frame of %d bytes", n)
 	}
-	b := make([]byte, n)
-	if _, err := io.ReadFull(r, b); err != nil {
+	frame := make([]byte, 4+n)
+	copy(frame, hdr[:])
+	if _, err := io.ReadFull(r, frame[4:]); err != nil {
 		return nil, err
 	}
-	return b, nil
+	return frame, nil
 }
 
 // Addr returns the client address, "127.0.0.1:PORT".
