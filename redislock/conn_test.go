@@ -356,3 +356,103 @@ func TestRefreshManyOneWrite(t *testing.T) {
 	}
 	mustRelease(t, b, rs[:len(rs)-1]...)
 }
+
+// watchedConn is a connection that reports its reads and counts the
+// script calls written on it (tapConn).
+type watchedConn struct {
+	net.Conn
+	tap *tapConn
+}
+
+func (c *watchedConn) Read(p []byte) (int, error) {
+	if c.tap.armed.Load() {
+		c.tap.once.Do(func() { close(c.tap.reading) })
+	}
+	return c.Conn.Read(p)
+}
+
+func (c *watchedConn) Write(p []byte) (int, error) {
+	if c.tap.armed.Load() {
+		c.tap.calls.Add(int64(strings.Count(string(p), "EVALSHA")))
+	}
+	return c.Conn.Write(p)
+}
+
+// tapConn is a dialer whose connections are watchedConns: once armed,
+// reading is closed at the first read and calls counts EVALSHAs written.
+type tapConn struct {
+	armed   atomic.Bool
+	once    sync.Once
+	reading chan struct{}
+	calls   atomic.Int64
+}
+
+func (tc *tapConn) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	return &watchedConn{Conn: c, tap: tc}, nil
+}
+
+// TestOwnConnectionReaderLeaves: the caller reading the connection
+// leaves at its deadline while other calls wait for their replies behind
+// its own; they get them once the server answers (a reader goroutine
+// takes over), and the grant that came too late for the one who left is
+// given back.
+func TestOwnConnectionReaderLeaves(t *testing.T) {
+	s := ownServer(t)
+	tap := &tapConn{reading: make(chan struct{})}
+	rdb := newRDB(t, s.Addr(), func(o *redis.Options) { o.Dialer = tap.dial })
+	b := newBackend(t, rdb)
+	ctx := ctxT(t, 30*time.Second)
+	mustRelease(t, b, holding(t, b, req(key(t), time.Minute))) // dialled, scripts loaded
+	resume := pause(t, s)
+	tap.armed.Store(true)
+	left := make(chan error, 1)
+	ra := req(key(t)+"-a", time.Minute)
+	go func() {
+		actx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		defer cancel()
+		_, err := b.TryAcquire(actx, ra)
+		left <- err
+	}()
+	<-tap.reading // a is the reader, blocked on the stopped server
+	type result struct {
+		r   dlock.Request
+		g   dlock.Grant
+		err error
+	}
+	rest := make(chan result, 2)
+	for _, name := range []string{"-b", "-c"} {
+		go func() {
+			r := req(key(t)+name, time.Minute)
+			g, err := b.TryAcquire(ctx, r)
+			rest <- result{r, g, err}
+		}()
+	}
+	waitFor(t, 10*time.Second, "the three calls written", func() bool { return tap.calls.Load() >= 3 })
+	if err := <-left; !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("the reader's TryAcquire: got %v, want DeadlineExceeded", err)
+	}
+	resume()
+	for range 2 {
+		select {
+		case res := <-rest:
+			if res.err != nil || !res.g.OK {
+				t.Fatalf("TryAcquire %s waiting behind the reader who left: %+v, %v", res.r.Key, res.g, res.err)
+			}
+			info, err := b.Inspect(ctx, res.r.Key)
+			if err != nil || info.Fence != res.g.Fence || info.Owner != res.r.Token {
+				t.Fatalf("lock %s: %+v, %v; want fence %d of %s", res.r.Key, info, err, res.g.Fence, res.r.Token)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("calls waiting behind the reader who left got no reply after the server came back")
+		}
+	}
+	waitFor(t, 10*time.Second, "the late grant of the reader who left given back", func() bool {
+		info, err := b.Inspect(ctx, ra.Key)
+		return err == nil && !info.Held
+	})
+}
