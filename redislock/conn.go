@@ -22,10 +22,10 @@ import (
 // A pipeConn is a Backend's own connection to one Redis server, on which
 // the script calls of all its goroutines are pipelined: a call is written
 // as soon as no other write is under way, without waiting for the replies
-// of earlier calls, and one reader goroutine hands every reply to its
-// caller in order (see doc.go, Pipelining). It is dialled on first use
-// with the go-redis client's address, dialer, credentials and database,
-// and again after a failure.
+// of earlier calls, and whichever goroutine reads hands every reply to
+// its caller in order (see wire, and doc.go, Pipelining). It is dialled
+// on first use with the go-redis client's address, dialer, credentials
+// and database, and again after a failure.
 type pipeConn struct {
 	opt *redis.Options
 

@@ -102,13 +102,15 @@
 // 1.7–2.0 µs (a plain GET 0.1 µs), and a library would have to be loaded
 // on every server before the first lock.
 //
-// What keeps the Client's uncontended cycle below the raw floor is not
-// server work: a call whose context can end runs on a helper goroutine
-// (see Contexts), which the Client's waits always have; BenchmarkBackendCycle
-// and BenchmarkClientCycle measure it (103 µs per Backend cycle with a
-// context that cannot end, 158 µs with one that can; TryAcquire through
-// the Client 92 µs, Acquire 146 µs). On a quiet machine the floor itself is
-// out of reach: an EVALSHA costs the server about 4 µs before its first
+// What keeps the Client's uncontended cycle below the raw floor is the
+// fence, not the transport: on the Backend's own connection a call runs on
+// its caller's goroutine whether or not its context can end (see
+// Contexts; BenchmarkBackendCycle, alternating with the binary before
+// that change, three runs: 81–110 µs per cycle with a context that can
+// end against 139–218 µs when such a call ran on a helper goroutine, and
+// 87–97 µs against 109–196 µs with one that cannot), and
+// BenchmarkInterleaved puts the Client's cycle at 0.90–0.97× the fenced
+// floor's ops/s. On a quiet machine the raw floor itself is out of reach: an EVALSHA costs the server about 4 µs before its first
 // redis.call (INFO commandstats on Redis 7.0.15: 5.1 µs per fenced
 // script against 0.9 µs for a SET), and a fenced cycle needs two scripts,
 // so in the bench module's S1 on a quiet machine the fenced floor
