@@ -136,7 +136,7 @@ func (pc *pipeConn) do(ctx context.Context, cmd string, c *scriptCall, slot *lat
 	}
 	p := pcallPool.Get().(*pcall)
 	p.buf = c.append(p.buf[:0], cmd)
-	if err := w.send(p); err != nil {
+	if err := w.send(false, p); err != nil {
 		p.recycle()
 		return nil, err
 	}
@@ -195,12 +195,9 @@ func (pc *pipeConn) doMany(ctx context.Context, loads []*redis.Script, calls []*
 	for _, c := range calls {
 		pcs = append(pcs, &pcall{buf: c.append(nil, "EVALSHA"), group: g})
 	}
-	if err := w.send(pcs...); err != nil {
+	if err := w.send(true, pcs...); err != nil {
 		return fail(err)
 	}
-	w.mu.Lock()
-	w.startReader()
-	w.mu.Unlock()
 	select {
 	case <-g.done:
 		for i, p := range pcs[len(loads):] {
@@ -481,8 +478,10 @@ func (w *wire) usable() bool {
 }
 
 // send queues cs and, if no write is under way, writes them and every
-// call queued until the queue is empty.
-func (w *wire) send(cs ...*pcall) error {
+// call queued until the queue is empty. With read set a reader goroutine
+// starts first if nobody reads, so that replies are read while a large
+// write goes on (a batch's caller does not read: doMany).
+func (w *wire) send(read bool, cs ...*pcall) error {
 	w.mu.Lock()
 	if w.err != nil {
 		err := w.err
@@ -490,6 +489,9 @@ func (w *wire) send(cs ...*pcall) error {
 		return err
 	}
 	w.queue = append(w.queue, cs...)
+	if read {
+		w.startReader()
+	}
 	if w.writing {
 		w.mu.Unlock()
 		return nil
