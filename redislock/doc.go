@@ -82,11 +82,16 @@
 //	                          (scripts that created lib.lua's functions
 //	                          on every call: median 0.77×, 0.59–1.09×,
 //	                          in runs alternating with them); in the
-//	                          latest full run 0.92× the fenced floor
-//	S2, 32 goroutines         35,296 ops/s, 1.10× rueidislock, on the
-//	                          Backend's own connection (0.88× through the
-//	                          go-redis pool in the run before)
-//	S3, 16 clients, one key   default options: 2,699 hand-offs/s, 1.65×
+//	                          latest full run 1.02× the fenced floor
+//	                          (0.92× when a reader goroutine took every
+//	                          reply)
+//	S2, 32 goroutines         1.10× rueidislock on the Backend's own
+//	                          connection (0.88× through the go-redis pool
+//	                          in the run before); the latest full run
+//	                          0.84× at a slow moment, then 1.03× (median
+//	                          of five runs) alternating with the code
+//	                          before (1.04×)
+//	S3, 16 clients, one key   default options: 2,901 hand-offs/s, 1.90×
 //	                          rueidislock (1.54–2.03× over earlier runs),
 //	                          Jain 1.000, 2.01 requests and 13.0 server
 //	                          commands per acquisition
