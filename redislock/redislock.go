@@ -70,8 +70,9 @@ type Backend struct {
 	writers sync.Map
 	cluster *redis.ClusterClient // rdb, when it is one (slots for Groups)
 	// ctxDeadlines reports that rdb bounds socket I/O by a context's
-	// deadline (go-redis ContextTimeoutEnabled): calls whose context has a
-	// deadline then run directly instead of on a helper goroutine.
+	// deadline (go-redis ContextTimeoutEnabled): calls through the pool
+	// whose context has a deadline then run directly instead of on a
+	// helper goroutine (see guard).
 	ctxDeadlines bool
 	closed       atomic.Bool
 	hub          hub
