@@ -200,6 +200,59 @@ func (c *counting) RefreshMany(ctx context.Context, rs []dlock.Request) []error 
 	return c.Backend.RefreshMany(ctx, rs)
 }
 
+// slowBatch is a memlock Backend whose RefreshMany takes per for each
+// lease (in the bubble's virtual time) and renews none when its context
+// ends first, as a batch on a busy server does.
+type slowBatch struct {
+	*memlock.Backend
+	per   time.Duration
+	calls atomic.Int64
+}
+
+func (s *slowBatch) RefreshMany(ctx context.Context, rs []dlock.Request) []error {
+	s.calls.Add(1)
+	t := time.NewTimer(time.Duration(len(rs)) * s.per)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return s.Backend.RefreshMany(ctx, rs)
+	case <-ctx.Done():
+		errs := make([]error, len(rs))
+		for i := range errs {
+			errs[i] = ctx.Err()
+		}
+		return errs
+	}
+}
+
+// TestWatchdogLargeBatchChunks: a batch of 40,000 renewals that needs more
+// than its deadline (TTL/3) as one call is sent in chunks, so the chunks
+// that fit are renewed and the rest retried: no lease is lost over five
+// TTLs, though the backend renews a call's leases all or none.
+func TestWatchdogLargeBatchChunks(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const n, ttl = 40_000, 3 * time.Second
+		b := &slowBatch{Backend: memlock.New(), per: 30 * time.Microsecond} // one call of n: 1.2s > TTL/3
+		c := dlock.New(b, dlock.WithTTL(ttl))
+		defer c.Close()
+		ctx := context.Background()
+		leases := make([]*dlock.Lease, n)
+		for i := range leases {
+			leases[i] = locktest.MustAcquire(t, ctx, c, "k"+strconv.Itoa(i))
+		}
+		time.Sleep(5 * ttl)
+		lost := 0
+		for _, l := range leases {
+			if l.Err() != nil {
+				lost++
+			}
+		}
+		if lost > 0 {
+			t.Fatalf("%d of %d leases lost over %v (%d RefreshMany calls)", lost, n, 5*ttl, b.calls.Load())
+		}
+	})
+}
+
 // TestWatchdogBatches holds many leases and checks that renewals are
 // batched: far fewer calls than leases renewed.
 func TestWatchdogBatches(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 )
@@ -15,7 +16,11 @@ import (
 // their next renewal, and the other leases ordered by expiry. Renewals
 // due within a short window are sent together in one batch (one round
 // trip per server with a BatchRefresher, else one call per lease, up to
-// 256 at once), on the timer's goroutine. A lease is in at most one batch, and a
+// 256 at once), on the timer's goroutine. A BatchRefresher gets a large
+// batch in chunks of refreshChunk leases, one after another under the
+// batch's deadline, the leases that expire first in the first chunk: a
+// batch that runs out of time has renewed its first chunks rather than
+// none, and retries only the rest. A lease is in at most one batch, and a
 // batch in flight holds back no other, so a renewal that hangs delays
 // neither the renewals nor the expiry of other leases. A batch's deadline
 // is never past the earliest expiry in it, so a backend that honours its
@@ -124,23 +129,53 @@ func (c *Client) tick() {
 // without RefreshMany (each holds a goroutine).
 const refreshCalls = 256
 
+// refreshChunk is the most leases one RefreshMany call renews.
+const refreshChunk = 10_000
+
 // renewBatch refreshes leases in one call (RefreshMany), or in one call
 // per lease run concurrently (up to refreshCalls at once). The deadline is the shortest TTL/3 in the
 // batch, and never past the earliest expiry.
 func (c *Client) renewBatch(leases []*Lease) renewResult {
 	now := time.Now()
+	exps := make([]time.Time, len(leases))
+	for i, l := range leases {
+		exps[i] = l.Expires()
+	}
+	if c.batch != nil && len(leases) > refreshChunk {
+		// The first chunks are the ones sure to be sent: the leases that
+		// expire first go there.
+		idx := make([]int, len(leases))
+		for i := range idx {
+			idx[i] = i
+		}
+		slices.SortStableFunc(idx, func(a, b int) int { return exps[a].Compare(exps[b]) })
+		sorted, sexps := make([]*Lease, len(leases)), make([]time.Time, len(leases))
+		for i, j := range idx {
+			sorted[i], sexps[i] = leases[j], exps[j]
+		}
+		leases, exps = sorted, sexps
+	}
 	r := renewResult{leases: leases, reqs: make([]Request, len(leases)), invoke: now}
 	timeout := time.Duration(1<<63 - 1)
 	for i, l := range leases {
 		r.reqs[i] = l.request()
-		exp := l.Expires()
-		timeout = min(timeout, r.reqs[i].TTL/3, max(exp.Sub(now), time.Millisecond))
+		timeout = min(timeout, r.reqs[i].TTL/3, max(exps[i].Sub(now), time.Millisecond))
 	}
 	timeout = max(timeout, time.Millisecond)
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	switch {
 	case c.batch != nil && len(leases) > 1:
-		r.errs = c.batch.RefreshMany(ctx, r.reqs)
+		r.errs = make([]error, 0, len(r.reqs))
+		for lo := 0; lo < len(r.reqs); lo += refreshChunk {
+			chunk := r.reqs[lo:min(lo+refreshChunk, len(r.reqs))]
+			if err := ctx.Err(); err != nil {
+				for range chunk {
+					r.errs = append(r.errs, err)
+				}
+				continue
+			}
+			r.errs = append(r.errs, c.batch.RefreshMany(ctx, chunk)...)
+		}
 	case len(leases) == 1:
 		r.errs = []error{c.b.Refresh(ctx, r.reqs[0])}
 	default:
