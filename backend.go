@@ -102,8 +102,9 @@ type Grant struct {
 
 // BatchRefresher is an optional Backend capability: refresh many locks in
 // as few round trips as possible (one per server). The result has one
-// entry per request, nil for success. The watchdog uses it when present;
-// without it, it calls Refresh for each lease, up to 256 at once.
+// entry per request, nil for success. The watchdog uses it when present,
+// with at most 10,000 requests per call; without it, it calls Refresh for
+// each lease, up to 256 at once.
 type BatchRefresher interface {
 	RefreshMany(ctx context.Context, rs []Request) []error
 }

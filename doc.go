@@ -90,7 +90,8 @@
 //     backends with a server-side queue (Waiter) serve WithFIFO waiters in
 //     arrival order;
 //   - renews every lease from one watchdog timer per Client, every
-//     TTL/3, batching renewals (BatchRefresher: one round trip per server);
+//     TTL/3, batching renewals (BatchRefresher: one round trip per server
+//     for every 10,000 leases, the leases that expire first first);
 //     a failing renewal is retried until the lease could have expired, then
 //     the lease is lost;
 //   - keeps reentrancy bookkeeping (WithOwner) as described above.
