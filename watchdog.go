@@ -5,7 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
+	"sort"
 	"sync"
 	"time"
 )
@@ -137,29 +137,27 @@ const refreshChunk = 10_000
 // batch, and never past the earliest expiry.
 func (c *Client) renewBatch(leases []*Lease) renewResult {
 	now := time.Now()
-	exps := make([]time.Time, len(leases))
-	for i, l := range leases {
-		exps[i] = l.Expires()
-	}
+	var exps []time.Time // the leases' expiries, when sorted by them
 	if c.batch != nil && len(leases) > refreshChunk {
 		// The first chunks are the ones sure to be sent: the leases that
-		// expire first go there.
-		idx := make([]int, len(leases))
-		for i := range idx {
-			idx[i] = i
+		// expire first go there. leases is this batch's own slice.
+		exps = make([]time.Time, len(leases))
+		for i, l := range leases {
+			exps[i] = l.Expires()
 		}
-		slices.SortStableFunc(idx, func(a, b int) int { return exps[a].Compare(exps[b]) })
-		sorted, sexps := make([]*Lease, len(leases)), make([]time.Time, len(leases))
-		for i, j := range idx {
-			sorted[i], sexps[i] = leases[j], exps[j]
-		}
-		leases, exps = sorted, sexps
+		sort.Stable(byExpiry{leases, exps})
 	}
 	r := renewResult{leases: leases, reqs: make([]Request, len(leases)), invoke: now}
 	timeout := time.Duration(1<<63 - 1)
 	for i, l := range leases {
 		r.reqs[i] = l.request()
-		timeout = min(timeout, r.reqs[i].TTL/3, max(exps[i].Sub(now), time.Millisecond))
+		var exp time.Time
+		if exps != nil {
+			exp = exps[i]
+		} else {
+			exp = l.Expires()
+		}
+		timeout = min(timeout, r.reqs[i].TTL/3, max(exp.Sub(now), time.Millisecond))
 	}
 	timeout = max(timeout, time.Millisecond)
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
@@ -195,6 +193,19 @@ func (c *Client) renewBatch(leases []*Lease) renewResult {
 	}
 	cancel()
 	return r
+}
+
+// byExpiry sorts leases by their expiries, exps.
+type byExpiry struct {
+	leases []*Lease
+	exps   []time.Time
+}
+
+func (b byExpiry) Len() int           { return len(b.leases) }
+func (b byExpiry) Less(i, j int) bool { return b.exps[i].Before(b.exps[j]) }
+func (b byExpiry) Swap(i, j int) {
+	b.leases[i], b.leases[j] = b.leases[j], b.leases[i]
+	b.exps[i], b.exps[j] = b.exps[j], b.exps[i]
 }
 
 // settle applies a batch's results: renewed leases get a new expiry and
