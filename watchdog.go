@@ -137,27 +137,20 @@ const refreshChunk = 10_000
 // batch, and never past the earliest expiry.
 func (c *Client) renewBatch(leases []*Lease) renewResult {
 	now := time.Now()
-	var exps []time.Time // the leases' expiries, when sorted by them
+	exps := make([]time.Time, len(leases))
+	for i, l := range leases {
+		exps[i] = l.Expires()
+	}
 	if c.batch != nil && len(leases) > refreshChunk {
 		// The first chunks are the ones sure to be sent: the leases that
 		// expire first go there. leases is this batch's own slice.
-		exps = make([]time.Time, len(leases))
-		for i, l := range leases {
-			exps[i] = l.Expires()
-		}
 		sort.Stable(byExpiry{leases, exps})
 	}
 	r := renewResult{leases: leases, reqs: make([]Request, len(leases)), invoke: now}
 	timeout := time.Duration(1<<63 - 1)
 	for i, l := range leases {
 		r.reqs[i] = l.request()
-		var exp time.Time
-		if exps != nil {
-			exp = exps[i]
-		} else {
-			exp = l.Expires()
-		}
-		timeout = min(timeout, r.reqs[i].TTL/3, max(exp.Sub(now), time.Millisecond))
+		timeout = min(timeout, r.reqs[i].TTL/3, max(exps[i].Sub(now), time.Millisecond))
 	}
 	timeout = max(timeout, time.Millisecond)
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
