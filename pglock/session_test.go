@@ -144,6 +144,7 @@ func TestSessionGivenUpWhenUnwatched(t *testing.T) {
 	start := time.Now()
 	g := granted(t, ctx, s, r)
 	r.Fence = g.Fence
+	deadline := serverDeadline(t, ctx, key) // for the report only
 	stop1 := s.NotifyLoss(r, func(error) {})
 	stop2 := s.NotifyLoss(r, func(error) {})
 	stop1()
@@ -159,8 +160,9 @@ func TestSessionGivenUpWhenUnwatched(t *testing.T) {
 			t.Fatalf("TryAcquire(b) after the last stop: %v", err)
 		}
 		if g.OK {
-			if time.Now().Before(start.Add(r.TTL)) {
-				t.Fatalf("TryAcquire(b) granted before the given-up grant's deadline %v", start.Add(r.TTL))
+			if early := start.Add(r.TTL).Sub(time.Now()); early > 0 {
+				t.Fatalf("TryAcquire(b) granted %v before the given-up grant's deadline (start + TTL; the row's deadline on the server's clock came %v after start)",
+					early, deadline.Sub(start))
 			}
 			if g.Fence <= r.Fence {
 				t.Fatalf("TryAcquire(b): got fence %d, want above %d", g.Fence, r.Fence)
@@ -176,6 +178,18 @@ func TestSessionGivenUpWhenUnwatched(t *testing.T) {
 	if err := s.Release(ctx, r); !errors.Is(err, dlock.ErrNotHeld) {
 		t.Fatalf("Release(a) after it was given up: got %v, want ErrNotHeld", err)
 	}
+}
+
+// serverDeadline returns when key's row expires, on this process's clock:
+// now plus the row's remaining time on the server's clock.
+func serverDeadline(t *testing.T, ctx context.Context, key string) time.Time {
+	t.Helper()
+	var remain int64
+	err := newPool(t).QueryRow(ctx, `SELECT (extract(epoch FROM expires - clock_timestamp()) * 1e6)::bigint FROM dlock.locks WHERE key = $1`, key).Scan(&remain)
+	if err != nil {
+		t.Fatalf("read the row's deadline: %v", err)
+	}
+	return time.Now().Add(time.Duration(remain) * time.Microsecond)
 }
 
 // terminateHolder ends the server session that holds key's lock as the
