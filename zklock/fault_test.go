@@ -185,6 +185,10 @@ func holderKilled(t *testing.T, kind dlock.Kind) {
 		Bound:  session,
 		Waiter: c,
 		Queued: func(t testing.TB) { awaitQueue(t, obs, b.KeyPath(k), 2) },
+		Gone: func() bool {
+			children, _, err := obs.Children(b.KeyPath(k))
+			return err == nil && len(children) < 2
+		},
 	})
 }
 
