@@ -160,7 +160,7 @@ func TestSessionGivenUpWhenUnwatched(t *testing.T) {
 			t.Fatalf("TryAcquire(b) after the last stop: %v", err)
 		}
 		if g.OK {
-			if early := start.Add(r.TTL).Sub(time.Now()); early > 0 {
+			if early := time.Until(start.Add(r.TTL)); early > 0 {
 				t.Fatalf("TryAcquire(b) granted %v before the given-up grant's deadline (start + TTL; the row's deadline on the server's clock came %v after start)",
 					early, deadline.Sub(start))
 			}
