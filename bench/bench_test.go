@@ -59,13 +59,13 @@ func quickRun(t *testing.T, why string, bins []string, out string, args ...strin
 }
 
 // TestQuickRun runs the runner in quick mode on S1 and S3 for dlock's
-// redislock, one peer and the two floors, and checks that the report has its
+// redislock, one peer and three floors, and checks that the report has its
 // tables, rows and charts. It does not judge the figures.
 func TestQuickRun(t *testing.T) {
 	dir := t.TempDir()
 	start := time.Now()
 	md, log := quickRun(t, "starts redis-server and runs the benchmark for ~10 s", []string{"redis-server"},
-		filepath.Join(dir, "BENCHMARKS.md"), "-scenarios", "S1,S3", "-backends", "floor,fenced-floor,redislock,bsm")
+		filepath.Join(dir, "BENCHMARKS.md"), "-scenarios", "S1,S3", "-backends", "floor,fenced-floor,handoff-floor,redislock,bsm")
 	t.Logf("quick run took %v", time.Since(start).Round(time.Millisecond))
 	for _, want := range []string{
 		"## Machine", "## Targets", "## S1 — uncontended", "## S3 — contended",
@@ -74,6 +74,8 @@ func TestQuickRun(t *testing.T) {
 		"| **dlock redislock** | Redis |", "| bsm/redislock | Redis |", "| floor: SET NX PX + Lua delete | Redis |",
 		"| fenced floor: 2-call Lua acquire + 2-call Lua release | Redis |",
 		"S1 (for information, no target): dlock redislock against the fenced floor",
+		"| hand-off floor: Lua queue + one PUBLISH per release | Redis | server-side queue, one PUBLISH per release |",
+		"S3 (for information, no target): dlock redislock (default options) against the hand-off floor (hand-offs/s)",
 		"cd bench && go run . -quick -scenarios S1,S3",
 		"![S1 latency](bench/s1_latency.svg)", "![S3 hand-offs and fairness](bench/s3_handoffs_fairness.svg)",
 		"S2 — parallel: 32 goroutines on 32 keys, one client: not selected",

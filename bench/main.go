@@ -1,9 +1,10 @@
 // Command bench measures dlock's backends against the Go lock libraries
 // people use (redsync, bsm/redislock, rueidislock, etcd's
-// concurrency.Mutex, go-zookeeper's zk.Lock), a raw SET NX PX floor and a
-// fenced floor (the least a lock with redislock's fencing tokens can do), on
-// real servers it starts itself on loopback, and writes a markdown report
-// with charts.
+// concurrency.Mutex, go-zookeeper's zk.Lock), a raw SET NX PX floor, a
+// fenced floor (the least a lock with redislock's fencing tokens can do)
+// and a hand-off floor (the least a lock with a server-side queue can do),
+// on real servers it starts itself on loopback, and writes a markdown
+// report with charts.
 //
 //	cd bench && go run . -out ../docs/BENCHMARKS.md          # everything (make bench)
 //	cd bench && go run . -quick -scenarios S1,S3 -backends floor,redislock,bsm
@@ -62,7 +63,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.scenarios, "scenarios", "S1,S2,S3,S4,S5,S6,K1,K2,K3", "comma-separated scenarios to run (S1…S6, K1…K3)")
-	fs.StringVar(&o.backends, "backends", "all", "comma-separated subjects: floor, fenced-floor, fenced-floor5, fenced-floor-rueidis, redislock, redislock-fifo, redlock, etcdlock, zklock, memlock, memlock-fifo, redsync, redsync5, bsm, rueidislock, etcd-mutex, zk-lock; or all")
+	fs.StringVar(&o.backends, "backends", "all", "comma-separated subjects: floor, fenced-floor, fenced-floor5, fenced-floor-rueidis, handoff-floor, redislock, redislock-fifo, redlock, etcdlock, zklock, memlock, memlock-fifo, redsync, redsync5, bsm, rueidislock, etcd-mutex, zk-lock; or all")
 	fs.StringVar(&o.out, "out", "", "markdown report to write (default: standard output)")
 	fs.StringVar(&o.charts, "charts", "", "directory for the charts (default: bench/ next to -out; none without -out)")
 	fs.StringVar(&o.format, "chart-format", "svg", "chart format: svg or png")

@@ -78,7 +78,11 @@ func (r *report) markdown() string {
 	w("`redis.call`s (TIME, SET … NX PX GET of a string holding the fence and the token), release one EVALSHA of two ")
 	w("(GET, DEL); 2 ms between attempts, no renewal. *fenced floor (5 nodes)*: the least a fenced Redlock can do — the fenced ")
 	w("floor's acquire on five nodes at once (a goroutine per node, as redsync), held when three grant, released on those that granted; ")
-	w("no agreement on one fence, no validity check. *× floor* is always against the raw floor. ")
+	w("no agreement on one fence, no validity check. *hand-off floor*: the least a Redis lock with a server-side queue and one ")
+	w("targeted wake-up per release can do (S1–S3) — acquire is one EVALSHA (SET NX PX, else RPUSH of the token onto the key's queue), ")
+	w("after which a queued waiter waits for its token on its client's own pub/sub channel; release is one EVALSHA (GET, then LPOP of ")
+	w("the next token, SET of the lock to it and one PUBLISH to its client, or DEL when none waits); no fences, no renewal, no ")
+	w("skipping of dead waiters, no wake-up on expiry. *× floor* is always against the raw floor. ")
 	w("*dlock*: this repository's backends through `dlock.Client` with ")
 	w("default options (wait strategy `Exponential(10ms, 1s)` as a ceiling, watchdog on). *Peers*: redsync and bsm/redislock poll; ")
 	w("they are given the same 2 ms retry interval as the floor (faster than their defaults — redsync's is a random 50–250 ms, ")
@@ -479,7 +483,26 @@ func s3Targets(s3 *result) []target {
 		p = s3.bestPeer(srvRedis, column{key: "handoffs/s"})
 	}
 	ts := s3ModeTargets(s3, "redislock", "default options", p)
+	ts = append(ts, s3HandoffTargets(s3, p)...)
 	return append(ts, s3ModeTargets(s3, "redislock-fifo", "FIFO", p)...)
+}
+
+// s3HandoffTargets returns, for information, S3's row of redislock with
+// default options against the hand-off floor, and of that floor against
+// the best Redis peer p; none unless both were measured.
+func s3HandoffTargets(s3 *result, p *outcome) []target {
+	d, hf := s3.measured("redislock"), s3.measured("handoff-floor")
+	if d == nil || hf == nil {
+		return nil
+	}
+	// Information: how far redislock's hand-offs are from the least a
+	// queued hand-off costs.
+	h, f := d.value("handoffs/s"), hf.value("handoffs/s")
+	fig := fmt.Sprintf("dlock redislock %s/s = %.2f× the hand-off floor (%s/s)", num(h, 0), h/f, num(f, 0))
+	if p != nil {
+		fig += fmt.Sprintf("; the hand-off floor = %.2f× %s (%s/s)", f/p.value("handoffs/s"), p.s.name, num(p.value("handoffs/s"), 0))
+	}
+	return []target{{"S3 (for information, no target): dlock redislock (default options) against the hand-off floor (hand-offs/s)", fig, "—"}}
 }
 
 // s3ModeTargets returns the six S3 rows of the redislock subject id, run

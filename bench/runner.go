@@ -381,6 +381,9 @@ func allScenarios() []*scenario {
 				if s.inProcess {
 					return "in-process: no other process can share its locks"
 				}
+				if s.wakesOnReleaseOnly {
+					return "waiters wake only on a release, not on expiry: a killed holder strands them"
+				}
 				return ""
 			},
 			runs: s4Reps, measure: measureS4,

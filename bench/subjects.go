@@ -40,7 +40,7 @@ type openOpts struct {
 type role int
 
 const (
-	roleFloor role = iota // a baseline: raw SET NX PX + compare-and-delete, or the fenced floor
+	roleFloor role = iota // a baseline: raw SET NX PX + compare-and-delete, a fenced floor or the hand-off floor
 	roleDlock             // this project
 	rolePeer              // another library
 )
@@ -80,7 +80,10 @@ type subject struct {
 	renews      bool   // keeps its leases alive by itself (S5)
 	waitMode    string // how waiters learn of a release, for the tables
 	inProcess   bool   // no separate process can share its locks (S4)
-	serverKeys  func(e *env, prefix string) (int, error)
+	// wakesOnReleaseOnly: its waiters wake only on a release, never on a
+	// lease's expiry, so a killed holder strands them (S4).
+	wakesOnReleaseOnly bool
+	serverKeys         func(e *env, prefix string) (int, error)
 }
 
 var errUnavailable = errors.New("not available")
@@ -105,6 +108,7 @@ func subjects() []*subject {
 		fencedFloorSubject(),
 		fencedFloor5Subject(),
 		fencedFloorRueidisSubject(),
+		handoffFloorSubject(),
 		dlockRedisSubject(false),
 		dlockRedisSubject(true),
 		redlockSubject(),
