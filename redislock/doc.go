@@ -53,9 +53,10 @@
 // several share and are included where a script needs them: after the
 // common cases, which acquire.lua and release.lua run inline, so that they
 // do not pay for creating the functions, about 1 µs of server time per
-// call), run with EVALSHA and, after NOSCRIPT, with the source. Every redis.call inside a
-// script costs 1–2 µs of server time on Redis 7.0, so the common cases
-// make the fewest calls the guarantees allow. Server commands per
+// call), run with EVALSHA and, after NOSCRIPT, with the source. Every
+// redis.call inside a script costs 1–2 µs of server time on Redis 7.0 (3–5
+// µs for the queue's calls on a shared 2-core machine), so the common
+// cases make the fewest calls the guarantees allow. Server commands per
 // operation, counted by INFO commandstats (EVALSHA included):
 //
 //	uncontended acquire       3  EVALSHA, TIME, SET NX PX GET
@@ -92,9 +93,15 @@
 //	                          of five runs) alternating with the code
 //	                          before (1.04×)
 //	S3, 16 clients, one key   default options: 2,901 hand-offs/s, 1.90×
-//	                          rueidislock (1.54–2.03× over earlier runs),
-//	                          Jain 1.000, 2.01 requests and 13.0 server
-//	                          commands per acquisition
+//	                          rueidislock (1.54–2.03× over earlier runs;
+//	                          1.74–1.96× in four runs since), Jain 1.000,
+//	                          2.01 requests and 13.0 server commands per
+//	                          acquisition; 0.80–0.89× the least a queue
+//	                          with one PUBLISH per release does (the
+//	                          bench's hand-off floor, 2.18–2.41×
+//	                          rueidislock): the rest is the release
+//	                          script's extra calls (30 µs against 14)
+//	                          and the clients' work on the hand-off's path
 //	100,000 held locks        one key each, about 240 bytes of used_memory
 //	a Redlock node's cycle    BenchmarkFloorCycle (acquire with a fence
 //	                          floor, release): 6.00 commands per cycle
