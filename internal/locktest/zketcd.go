@@ -173,9 +173,7 @@ func KillHolder(t testing.TB, h HolderKill) {
 	}
 	gone := make(chan time.Duration, 1)
 	go func() {
-		for ctx.Err() == nil && !h.Gone() {
-			time.Sleep(5 * time.Millisecond)
-		}
+		Poll(time.Minute, func() bool { return ctx.Err() != nil || h.Gone() })
 		gone <- time.Since(killed)
 	}()
 	l := Granted(t, wait, time.Minute)
