@@ -153,9 +153,10 @@ type HolderKill struct {
 
 // KillHolder starts a holder process for h and a waiter behind it, kills
 // the holder with SIGKILL once the waiter is queued, and fails the test
-// unless the waiter is granted with a fence above the killed hold's, after
+// unless the waiter is granted with a fence above the killed hold's,
 // within one second of the later of h.Bound after the kill and the
-// server's removal of the hold (as h.Gone first reports it).
+// server's removal of the hold (as h.Gone first reports it); the hold must
+// be gone once the waiter has the key.
 func KillHolder(t testing.TB, h HolderKill) {
 	t.Helper()
 	cmd, fence := StartHolder(t, h.Key, h.Kind, h.Env...)
@@ -179,7 +180,12 @@ func KillHolder(t testing.TB, h HolderKill) {
 	l := Granted(t, wait, time.Minute)
 	took := time.Since(killed)
 	defer l.Release(context.Background())
-	removed := <-gone
+	var removed time.Duration
+	select {
+	case removed = <-gone:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the killed %s hold was still on the server 10s after the waiter was granted", h.Kind)
+	}
 	t.Logf("waiter granted %v after the %s holder process was SIGKILLed, the server removed its hold after %v (bound %v)",
 		took.Round(time.Millisecond), h.Kind, removed.Round(time.Millisecond), h.Bound)
 	if limit := max(h.Bound, removed) + time.Second; took > limit {
