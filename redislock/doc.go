@@ -88,10 +88,12 @@
 //	                          reply)
 //	S2, 32 goroutines         1.10× rueidislock on the Backend's own
 //	                          connection (0.88× through the go-redis pool
-//	                          in the run before); the latest full run
-//	                          0.84× at a slow moment, then 1.03× (median
-//	                          of five runs) alternating with the code
-//	                          before (1.04×)
+//	                          in the run before); later full runs 0.84×
+//	                          and 0.75× (load 1.5–2; each library's S2
+//	                          figure moves by up to 1.9× between runs),
+//	                          runs of S2 alone 1.03× (median of five) and
+//	                          1.04× (seven on a quiet machine, every run
+//	                          above 1.0×)
 //	S3, 16 clients, one key   default options: 2,901 hand-offs/s, 1.90×
 //	                          rueidislock (1.54–2.03× over earlier runs;
 //	                          1.74–1.96× in four runs since), Jain 1.000,
