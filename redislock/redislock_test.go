@@ -544,12 +544,30 @@ func TestPausedServerHonoursContext(t *testing.T) {
 			resume()
 			// The abandoned attempt runs once the server is back; it must
 			// not leave the lock held: given back at once (well within the
-			// minute's TTL), or expired with its short TTL.
+			// minute's TTL), or expired with its short TTL. It may run
+			// after a command sent after the resume, so the key's absence
+			// means something only once it has run.
+			settled(t, rdb)
 			waitFor(t, 10*time.Second, "the abandoned acquisition to be undone", func() bool {
 				return rdb.Exists(context.Background(), b.LockName(k)).Val() == 0
 			})
 			mustGrant(t, b, req(k, time.Minute))
 		})
+	}
+}
+
+// settled returns once every command that was in the server's socket
+// buffers when it resumed has run. Redis runs the commands of every
+// connection found readable in one pass of its event loop, and a
+// connection accepted in one pass is read in the next; a PING sent after
+// the reply to the one before it is read in a later pass than that one,
+// so the third of three is read two passes after the first pass at least.
+func settled(t *testing.T, rdb *redis.Client) {
+	t.Helper()
+	for range 3 {
+		if err := rdb.Ping(context.Background()).Err(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
