@@ -36,7 +36,7 @@ if ARGV[5] == '1' then
       local f = math.max(floor, tf + 1)
       local a = tonumber(ta) + math.ceil((f - tf) / 1000) + 1
       if a <= 1000 then
-        redis.call('SET', lock, string.format('%.0f', f) .. ':1::' .. a .. ':' .. token, 'PX', ttl)
+        redis.call('SET', lock, string.format('%d:1::%d:%s', f, a, token), 'PX', ttl)
         return {1, f, 1}
       end
     end
@@ -49,12 +49,12 @@ if floor > t then
   f, a = floor, math.floor((floor - t) / 1000) + 2
 end
 if old == 0 then
-  old = redis.pcall('SET', lock, string.format('%.0f', f) .. ':1::' .. a .. ':' .. token, 'NX', 'PX', ttl, 'GET')
+  old = redis.pcall('SET', lock, string.format('%d:1::%d:%s', f, a, token), 'NX', 'PX', ttl, 'GET')
   if not old then
     return {1, f, 1, t}
   end
 elseif not old then
-  redis.call('SET', lock, string.format('%.0f', f) .. ':1::' .. a .. ':' .. token, 'PX', ttl)
+  redis.call('SET', lock, string.format('%d:1::%d:%s', f, a, token), 'PX', ttl)
   return {1, f, 1, t}
 end
 --#include lib.lua

@@ -56,8 +56,16 @@
 // call), run with EVALSHA and, after NOSCRIPT, with the source. Every
 // redis.call inside a script costs 1–2 µs of server time on Redis 7.0 (3–5
 // µs for the queue's calls on a shared 2-core machine), so the common
-// cases make the fewest calls the guarantees allow. Server commands per
-// operation, counted by INFO commandstats (EVALSHA included):
+// cases make the fewest calls the guarantees allow. The numbers they
+// write are formatted with string.format('%d'), an integer conversion:
+// '%.0f', Lua's tostring and a number passed to redis.call (%.17g in
+// Redis 7.0) each cost the server a float conversion (in a loop inside
+// one script, 0.68 µs for '%.0f' against 0.20 µs for '%d'). Measured per
+// EVALSHA with INFO commandstats (15 alternating rounds of 2,000 calls,
+// medians), the change took the wait behind a holder from 52.5 to 44.0
+// µs, a release to a waiter from 44.1 to 41.2 µs and an acquire of a free
+// lock from 22.5 to 20.6 µs. Server commands per operation, counted by
+// INFO commandstats (EVALSHA included):
 //
 //	uncontended acquire       3  EVALSHA, TIME, SET NX PX GET
 //	  expecting a tombstone   3  EVALSHA, GET, SET PX (package redlock)

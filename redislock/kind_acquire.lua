@@ -31,7 +31,7 @@ local token, ttl, kind, permits = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(
 local clock = redis.call('TIME')
 local t = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
 local ms = math.floor(t / 1000)
-local ft = string.format('%.0f', t)
+local ft = string.format('%d', t)
 -- The marker: FENCE:COUNT:FLAGS:AHEAD:TOKEN as lib.lua's pack writes it.
 local old = redis.pcall('SET', lock, ft .. ':' .. permits .. ':' .. kind .. ':0:', 'NX', 'PX', ttl, 'GET')
 if not old and ARGV[5] == '' then

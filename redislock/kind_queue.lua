@@ -69,8 +69,8 @@ if type(added) == 'table' and added['err'] then
   return wrong(sq)
 end
 local deadline = ms + wttl
-redis.call('SET', beat, fmt(deadline), 'PX', wttl)
-redis.call('PEXPIRE', sq, 2 * wttl)
+redis.call('SET', beat, fmt(deadline), 'PX', ARGV[5])
+redis.call('PEXPIRE', sq, fmt(2 * wttl))
 if k == 'p' then
   flag(lock, f, n, fl, a, ot, 's')
 end

@@ -53,7 +53,7 @@ local function hand_permit(lock, hs, pq, f, n, fl, a, t, claim, wake)
         redis.call('SET', lock, pack(nf, n, fl, math.max(a, ahead(nf, t)), ''), 'KEEPTTL')
       end
       redis.call('PUBLISH', wake .. string.sub(head, 1, IDLEN),
-        fmt(nf) .. ' ' .. d .. ' ' .. claim .. ' ' .. #lock .. ':' .. lock .. token)
+        string.format('%d %s %s %d:%s%s', nf, d, claim, #lock, lock, token))
       return head
     end
   end

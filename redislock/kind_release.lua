@@ -34,7 +34,7 @@ if type(v) == 'string' and ARGV[2] ~= '' then
     now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
     ms = math.floor(now_us / 1000)
     m = ARGV[2] .. ':' .. ARGV[1]
-    first = redis.call('ZRANGE', hs, '(' .. string.format('%.0f', ms), '+inf', 'BYSCORE', 'LIMIT', 0, 2)
+    first = redis.call('ZRANGE', hs, '(' .. string.format('%d', ms), '+inf', 'BYSCORE', 'LIMIT', 0, 2)
     if first[1] == m and not first[2] and a == '0' and not string.find(fl, '[qs]') then
       -- One DEL for the marker, the holds (this one included) and the
       -- claims.

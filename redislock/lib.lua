@@ -25,9 +25,10 @@ local function now()
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
--- fmt formats an integral number exactly (tostring would use %.14g).
+-- fmt formats an integral number exactly (tostring would use %.14g, and
+-- %.0f costs the server a float conversion).
 local function fmt(n)
-  return string.format('%.0f', n)
+  return string.format('%d', n)
 end
 
 -- wrong is the reply for a key that holds a value of another type.
@@ -37,7 +38,7 @@ end
 
 -- pack returns a lock value.
 local function pack(f, n, fl, a, t)
-  return fmt(f) .. ':' .. n .. ':' .. fl .. ':' .. a .. ':' .. t
+  return string.format('%d:%d:%s:%d:%s', f, n, fl, a, t)
 end
 
 -- has reports whether flags fl contain letter c.
@@ -95,7 +96,7 @@ end
 -- of f (with the lock's AHEAD a) until the clock passes f.
 local function free(lock, f, a)
   if a > 0 then
-    redis.call('SET', lock, pack(f, 0, '', a, ''), 'PXAT', math.floor(f / 1000))
+    redis.call('SET', lock, pack(f, 0, '', a, ''), 'PXAT', fmt(math.floor(f / 1000)))
   else
     redis.call('DEL', lock)
   end

@@ -78,8 +78,8 @@ if type(added) == 'table' and added['err'] then
   return wrong(q)
 end
 local deadline = math.floor(now_us / 1000) + wttl
-redis.call('SET', beat(lock, member), fmt(deadline), 'PX', wttl)
-redis.call('PEXPIRE', q, 2 * wttl)
+redis.call('SET', beat(lock, member), fmt(deadline), 'PX', ARGV[6])
+redis.call('PEXPIRE', q, fmt(2 * wttl))
 if state == 'lock' and n > 0 and not has(fl, 'q') then
   -- Its release must look at the queue.
   redis.call('SET', lock, pack(f, n, fl .. 'q', a, t), 'KEEPTTL')

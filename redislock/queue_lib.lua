@@ -43,7 +43,7 @@ local function hand_off(lock, q, self, ttl, claim, wake, t, last)
       else
         redis.call('SET', lock, pack(f, 1, 'qc', ahead(f, t), token), 'PX', claim)
         redis.call('PUBLISH', wake .. string.sub(head, 1, IDLEN),
-          fmt(f) .. ' ' .. d .. ' ' .. claim .. ' ' .. #lock .. ':' .. lock .. token)
+          string.format('%d %s %s %d:%s%s', f, d, claim, #lock, lock, token))
       end
       return head, f
     end

@@ -29,7 +29,7 @@ if fa ~= '' and type(v) == 'string' then
   local ma, mt = string.match(v, '^' .. fa .. ':1::(%d+):(.*)$')
   if mt == token then
     -- The tombstone lives until the server clock passes the fence.
-    redis.call('SET', lock, fa .. ':0::' .. ma .. ':', 'PXAT', math.floor(tonumber(fa) / 1000))
+    redis.call('SET', lock, fa .. ':0::' .. ma .. ':', 'PXAT', string.format('%d', math.floor(tonumber(fa) / 1000)))
     return 1
   end
 end

@@ -28,10 +28,10 @@ import "github.com/redis/go-redis/v9"
 const CounterFence = `
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local last = tonumber(redis.call('SET', KEYS[2], string.format('%.0f', now), 'GET'))
+local last = tonumber(redis.call('SET', KEYS[2], string.format('%d', now), 'GET'))
 if last and last >= now then
   now = last + 1
-  redis.call('SET', KEYS[2], string.format('%.0f', now))
+  redis.call('SET', KEYS[2], string.format('%d', now))
 end
 `
 
@@ -41,7 +41,7 @@ const (
 	AcquireSrc = `
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local f = string.format('%.0f', now)
+local f = string.format('%d', now)
 if redis.call('SET', KEYS[1], f .. ':1::0:' .. ARGV[1], 'NX', 'PX', ARGV[2], 'GET') then
   return {0, redis.call('PTTL', KEYS[1])}
 end
@@ -71,11 +71,11 @@ if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return {0, 
 	// returns 1 when granted, 0 when full. Give the permit back with ZREM.
 	RawSemaphore = redis.NewScript(`local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%d', now))
 if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then
   return 0
 end
-redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
+redis.call('ZADD', KEYS[1], string.format('%d', now + tonumber(ARGV[3])), ARGV[1])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return 1`)
 )
