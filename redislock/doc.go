@@ -101,17 +101,22 @@
 //	                          figure moves by up to 1.9× between runs),
 //	                          runs of S2 alone 1.03× (median of five) and
 //	                          1.04× (seven on a quiet machine, every run
-//	                          above 1.0×)
-//	S3, 16 clients, one key   default options: 2,901 hand-offs/s, 1.90×
-//	                          rueidislock (1.54–2.03× over earlier runs;
-//	                          1.74–1.96× in four runs since), Jain 1.000,
-//	                          2.01 requests and 13.0 server commands per
-//	                          acquisition; 0.80–0.89× the least a queue
-//	                          with one PUBLISH per release does (the
-//	                          bench's hand-off floor, 2.18–2.41×
-//	                          rueidislock): the rest is the release
-//	                          script's extra calls (30 µs against 14)
-//	                          and the clients' work on the hand-off's path
+//	                          above 1.0×); the full run after the integer
+//	                          formatting 1.01× (0.82–1.19× run by run)
+//	S3, 16 clients, one key   default options: 3,422 hand-offs/s, 2.01×
+//	                          rueidislock in the full run after the
+//	                          integer formatting (1.59–2.26× run by run;
+//	                          FIFO 2.10×); 1.54–2.03× over earlier runs,
+//	                          Jain 1.000, 2.01 requests and 13.0 server
+//	                          commands per acquisition; 0.80–0.89× the
+//	                          least a queue with one PUBLISH per release
+//	                          does (the bench's hand-off floor, 2.18–2.41×
+//	                          rueidislock), 0.88× in that run: the rest is
+//	                          the scripts' extra calls and Lua work (per
+//	                          acquisition, the server's EVALSHA time was
+//	                          107 µs against the floor's 40 µs in one S3
+//	                          run) and the clients' work on the
+//	                          hand-off's path
 //	100,000 held locks        one key each, about 240 bytes of used_memory
 //	a Redlock node's cycle    BenchmarkFloorCycle (acquire with a fence
 //	                          floor, release): 6.00 commands per cycle
