@@ -52,8 +52,7 @@ local function hand_permit(lock, hs, pq, f, n, fl, a, t, claim, wake)
       if nf > t then
         redis.call('SET', lock, pack(nf, n, fl, math.max(a, ahead(nf, t)), ''), 'KEEPTTL')
       end
-      redis.call('PUBLISH', wake .. string.sub(head, 1, IDLEN),
-        string.format('%d %s %s %d:%s%s', nf, d, claim, #lock, lock, token))
+      tell(wake, head, lock, token, nf, d, claim)
       return head
     end
   end

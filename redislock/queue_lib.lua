@@ -16,13 +16,20 @@ local function beat(lock, member)
   return lock .. ':w:' .. member
 end
 
+-- tell tells the Backend of waiter head (a member) on its wake channel
+-- (prefix wake) that lock, fence f, is handed to token: the payload
+-- "FENCE DEADLINE CLAIM #lock:lock .. token" (parseWake), with d the
+-- waiter's heartbeat deadline and claim ms.
+local function tell(wake, head, lock, token, f, d, claim)
+  redis.call('PUBLISH', wake .. string.sub(head, 1, IDLEN),
+    string.format('%d %s %s %d:%s%s', f, d, claim, #lock, lock, token))
+end
+
 -- hand_off serves the first live waiter of a free lock whose last fence
 -- was last (0: unknown), at server time t (µs). Dead waiters ahead of it
 -- are dropped. If that waiter is self (a member), the lock is granted to
 -- it outright (count 1, TTL ttl ms); otherwise it is reserved for it (flag
--- c, TTL claim ms) and its Backend is told on wake .. id with the payload
--- "FENCE DEADLINE CLAIM #lock:lock .. token" (see pubsub.go). The lock
--- gets flag q. Returns the member served and its fence; nil when nobody
+-- c, TTL claim ms) and its Backend is told (tell). The lock gets flag q. Returns the member served and its fence; nil when nobody
 -- waits; or nil, nil and a wrong-type reply (nothing changed).
 local function hand_off(lock, q, self, ttl, claim, wake, t, last)
   while true do
@@ -42,8 +49,7 @@ local function hand_off(lock, q, self, ttl, claim, wake, t, last)
         redis.call('SET', lock, pack(f, 1, 'q', ahead(f, t), token), 'PX', ttl)
       else
         redis.call('SET', lock, pack(f, 1, 'qc', ahead(f, t), token), 'PX', claim)
-        redis.call('PUBLISH', wake .. string.sub(head, 1, IDLEN),
-          string.format('%d %s %s %d:%s%s', f, d, claim, #lock, lock, token))
+        tell(wake, head, lock, token, f, d, claim)
       end
       return head, f
     end

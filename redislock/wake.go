@@ -80,7 +80,7 @@ type waiter struct {
 }
 
 // handoff is what a hand-off message tells the FIFO waiter it is for
-// (queue_lib.lua, hand_off): the lock's new fence, the waiter's heartbeat
+// (queue_lib.lua, tell): the lock's new fence, the waiter's heartbeat
 // deadline the release read (it names the waiter's step that the hand-off
 // followed) and the claim TTL the lock is reserved for. ok is false for
 // none.
