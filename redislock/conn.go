@@ -2,6 +2,7 @@ package redislock
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -29,11 +30,12 @@ import (
 type pipeConn struct {
 	opt *redis.Options
 
-	mu      sync.Mutex
-	cur     *wire         // the live connection, nil before the first dial or after a failure
-	dialing chan struct{} // closed when the dial under way ends
-	dialErr error         // that dial's failure
-	closed  bool
+	mu       sync.Mutex
+	cur      *wire         // the live connection, nil before the first dial or after a failure
+	dialing  chan struct{} // closed when the dial under way ends
+	dialErr  error         // that dial's failure
+	dialQuit bool          // it failed because its caller's context ended
+	closed   bool
 }
 
 // newPipeConn returns a pipeConn for the server behind rdb, or nil when
@@ -213,7 +215,9 @@ func (pc *pipeConn) doMany(ctx context.Context, loads []*redis.Script, calls []*
 
 // wire returns the live connection, dialling one if there is none. A
 // dial runs on the first caller's goroutine, bounded by its ctx and the
-// client's DialTimeout; callers meanwhile wait for it.
+// client's DialTimeout; callers meanwhile wait for it and share its
+// failure, unless it failed because that caller's context ended: then
+// the next of them whose context is live dials again.
 func (pc *pipeConn) wire(ctx context.Context) (*wire, error) {
 	for {
 		pc.mu.Lock()
@@ -234,9 +238,9 @@ func (pc *pipeConn) wire(ctx context.Context) (*wire, error) {
 				return nil, ctx.Err()
 			}
 			pc.mu.Lock()
-			err := pc.dialErr
+			err, quit := pc.dialErr, pc.dialQuit
 			pc.mu.Unlock()
-			if err != nil {
+			if err != nil && !quit {
 				return nil, err
 			}
 			continue
@@ -245,8 +249,14 @@ func (pc *pipeConn) wire(ctx context.Context) (*wire, error) {
 		pc.dialing, pc.cur = ch, nil
 		pc.mu.Unlock()
 		w, err := dialWire(ctx, pc.opt)
+		quit := err != nil && ended(ctx)
+		if quit {
+			// As a call whose context ends reports it. A dial can fail at
+			// ctx's deadline just before ctx says it has ended.
+			err = cmp.Or(ctx.Err(), context.DeadlineExceeded)
+		}
 		pc.mu.Lock()
-		pc.dialing, pc.dialErr = nil, err
+		pc.dialing, pc.dialErr, pc.dialQuit = nil, err, quit
 		if err == nil {
 			if pc.closed {
 				w.fail(errClosed)
@@ -260,6 +270,12 @@ func (pc *pipeConn) wire(ctx context.Context) (*wire, error) {
 			return nil, err
 		}
 	}
+}
+
+// ended reports whether ctx has ended or its deadline has passed.
+func ended(ctx context.Context) bool {
+	dl, ok := ctx.Deadline()
+	return ctx.Err() != nil || ok && !time.Now().Before(dl)
 }
 
 // close fails every call on the connection with errClosed and closes it;

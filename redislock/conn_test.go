@@ -273,6 +273,75 @@ func TestOwnConnectionPaused(t *testing.T) {
 	wg.Wait()
 }
 
+// TestOwnConnectionDialShared: a caller whose context ends while it
+// dials the connection fails with its context's error; a caller waiting
+// for that dial does not share that failure but dials again.
+func TestOwnConnectionDialShared(t *testing.T) {
+	var dials atomic.Int64
+	started := make(chan struct{})
+	rdb := newRDB(t, srv.Addr(), func(o *redis.Options) {
+		var d net.Dialer
+		o.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			if dials.Add(1) == 1 { // the first dial hangs until its caller leaves
+				close(started)
+				<-ctx.Done()
+				return nil, &net.OpError{Op: "dial", Net: network, Err: ctx.Err()}
+			}
+			return d.DialContext(ctx, network, addr)
+		}
+	})
+	b := newBackend(t, rdb)
+	ctx := ctxT(t, 30*time.Second)
+	actx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	aErr := make(chan error, 1)
+	go func() {
+		_, err := b.TryAcquire(actx, req(key(t)+"-a", time.Minute))
+		aErr <- err
+	}()
+	<-started
+	type result struct {
+		g   dlock.Grant
+		err error
+	}
+	bRes := make(chan result, 1)
+	rb := req(key(t)+"-b", time.Minute)
+	go func() {
+		g, err := b.TryAcquire(ctx, rb)
+		bRes <- result{g, err}
+	}()
+	waitFor(t, 10*time.Second, "the second caller waiting for the first one's dial", func() bool {
+		return dialWaiters() == 1
+	})
+	cancel()
+	if err := <-aErr; !errors.Is(err, context.Canceled) {
+		t.Fatalf("TryAcquire whose context ended during its dial: got %v, want Canceled", err)
+	}
+	res := <-bRes
+	if res.err != nil || !res.g.OK {
+		t.Fatalf("TryAcquire waiting for a dial whose caller left: %+v, %v; want a grant", res.g, res.err)
+	}
+	if n := dials.Load(); n != 2 {
+		t.Fatalf("%d dials, want 2 (the abandoned one and the waiter's own)", n)
+	}
+	rb.Fence = res.g.Fence
+	mustRelease(t, b, rb)
+}
+
+// dialWaiters counts the goroutines waiting in pipeConn.wire for a dial
+// under way on another goroutine.
+func dialWaiters() int {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	n := 0
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, "[select") && strings.Contains(g, "redislock.(*pipeConn).wire(") && !strings.Contains(g, "dialWire") {
+			n++
+		}
+	}
+	return n
+}
+
 // ownServer starts a redis-server of the test's own, stopped when it ends.
 func ownServer(t *testing.T) *testserver.Redis {
 	t.Helper()

@@ -195,7 +195,11 @@
 // idle connection is read by nobody: before a call goes on it, a peek at
 // the socket (Unix) tells whether the server closed it meanwhile. The
 // connection is dialled again after a failure (the calls on it fail with
-// the error: their outcome is unknown, as with any lost reply); the client's
+// the error: their outcome is unknown, as with any lost reply). A dial runs
+// on the first caller's goroutine, bounded by its context and the client's
+// DialTimeout, while later callers wait for it; when that caller's context
+// ends first it fails with its context's error and the next waiter dials,
+// so one short deadline does not fail calls that have time left. The client's
 // ReadTimeout and WriteTimeout bound its reads and writes while calls wait
 // for replies; Close, or the Backend becoming garbage, closes it. go-redis'
 // hooks (DialHook included) and limiters do not see these commands or
