@@ -18,6 +18,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -201,6 +202,22 @@ func (s *suite) assertHeld(t *testing.T, key string) {
 	if !errors.Is(err, dlock.ErrNotAcquired) {
 		t.Fatalf("TryAcquire(%q): got %v, want ErrNotAcquired", key, err)
 	}
+}
+
+// holder describes key's holder for a failure message, as the backend
+// reports it (Inspector), or returns "" when it cannot.
+func (s *suite) holder(t *testing.T, key string) string {
+	b := s.h.NewBackend(t)
+	defer b.Close()
+	in, ok := b.(dlock.Inspector)
+	if !ok {
+		return ""
+	}
+	info, err := in.Inspect(ctxT(t, s.long()), key)
+	if err != nil {
+		return fmt.Sprintf(" (Inspect: %v)", err)
+	}
+	return fmt.Sprintf(" (Inspect: held %v by %q, count %d, fence %d, TTL left %v)", info.Held, info.Owner, info.Count, info.Fence, info.TTL)
 }
 
 func (s *suite) mutualExclusion(t *testing.T) {

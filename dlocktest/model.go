@@ -189,7 +189,7 @@ func (s *suite) sharedOwner(t *testing.T) {
 		}
 		l, err := s.client(t).TryAcquire(ctx, key)
 		if err != nil {
-			t.Fatalf("round %d: lock not free after the last release: %v", round, err)
+			t.Fatalf("round %d: lock not free after the last release: %v%s", round, err, s.holder(t, key))
 		}
 		release(t, l)
 	}
@@ -221,7 +221,7 @@ func (s *suite) cancelledReentry(t *testing.T) {
 	// A leftover of a re-entry whose answer was lost lasts at most its TTL.
 	l, err := s.client(t).Acquire(ctxT(t, 2*s.h.TTL+s.h.Slack+s.long()/2), key)
 	if err != nil {
-		t.Fatalf("lock not free after the owner released everything: %v", err)
+		t.Fatalf("lock not free after the owner released everything: %v%s", err, s.holder(t, key))
 	}
 	release(t, l)
 }
@@ -454,7 +454,7 @@ func (s *suite) closeKeepsOwnersShare(t *testing.T) {
 		release(t, l2)
 		l, err := s.client(t, dlock.WithTTL(20*s.h.TTL)).TryAcquire(ctx, key)
 		if err != nil {
-			t.Fatalf("round %d: lock not free after the last release: %v", round, err)
+			t.Fatalf("round %d: lock not free after the last release: %v%s", round, err, s.holder(t, key))
 		}
 		release(t, l)
 	}
