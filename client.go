@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/dlock-go/dlock/internal/ctxend"
 )
 
 // A Client takes locks on one Backend and holds all policy: how to wait,
@@ -308,7 +310,7 @@ func (c *Client) acquireWait(ctx context.Context, req Request, cfg config) (*Lea
 				observe(ctx, cfg.observers, Event{Kind: EventAttempt, Key: req.Key, Attempt: 1, Granted: g.OK, HolderTTL: g.HolderTTL, Err: err})
 			}
 			switch {
-			case err != nil && ended(ctx):
+			case err != nil && ctxend.Ended(ctx):
 				return nil, ctxAcquireError(req.Key, 1, ctx, err)
 			case err != nil:
 				return nil, wrapOp("acquire", req.Key, err)
@@ -397,7 +399,7 @@ func (c *Client) acquireLoop(ctx context.Context, req Request, cfg config) (*Lea
 			observe(ctx, cfg.observers, Event{Kind: EventAttempt, Key: req.Key, Attempt: calls, Granted: g.OK, HolderTTL: g.HolderTTL, Err: err})
 		}
 		if err != nil {
-			if ended(ctx) {
+			if ctxend.Ended(ctx) {
 				return nil, ctxAcquireError(req.Key, attempt, ctx, err)
 			}
 			return nil, wrapOp("acquire", req.Key, err)
@@ -421,7 +423,7 @@ func (c *Client) acquireLoop(ctx context.Context, req Request, cfg config) (*Lea
 					attempt--
 					continue
 				}
-				if ended(ctx) {
+				if ctxend.Ended(ctx) {
 					return nil, ctxAcquireError(req.Key, attempt, ctx, err)
 				}
 				sub, stopSub, subFailed = nil, nil, true
@@ -500,11 +502,11 @@ func (c *Client) acquireQueued(ctx context.Context, req Request, cfg config, tri
 		}
 		l, err := c.grant(ctx, req, g, invoke, cfg, tried+1)
 		return l, err, false
-	case ended(ctx):
+	case ctxend.Ended(ctx):
 		return nil, ctxAcquireError(req.Key, tried+1, ctx, err), false
 	case errors.Is(context.Cause(wctx), ErrClosed):
 		return nil, wrapOp("acquire", req.Key, ErrClosed), false
-	case ended(wctx) || err == nil:
+	case ctxend.Ended(wctx) || err == nil:
 		return nil, &AcquireError{Key: req.Key, Attempts: tried + 1}, false
 	default:
 		return nil, wrapOp("acquire", req.Key, err), false

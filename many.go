@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/dlock-go/dlock/internal/ctxend"
 )
 
 // MultiAcquirer is an optional Backend capability: take several locks in
@@ -200,7 +202,7 @@ func (c *Client) acquireGroup(ctx context.Context, multi MultiAcquirer, keys []s
 		invoke := time.Now()
 		gs, err := multi.TryAcquireAll(ctx, reqs)
 		if err != nil {
-			if ended(ctx) {
+			if ctxend.Ended(ctx) {
 				return nil, ctxAcquireError(fmt.Sprint(keys), attempt, ctx, err)
 			}
 			return nil, wrapOp("acquire", fmt.Sprint(keys), err)

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/dlock-go/dlock/internal/ctxend"
 )
 
 // ownerKey names the holds one WithOwner id has on one key in a Client.
@@ -196,7 +198,7 @@ func (c *Client) rejoin(ctx context.Context, req Request, cfg config, g *holdGro
 				return nil, true, wrapOp("acquire", req.Key, l.Err())
 			default:
 				_ = l.releaseLocked(rctx) // the gate is ours
-				if ended(ctx) {
+				if ctxend.Ended(ctx) {
 					return nil, true, ctxAcquireError(req.Key, 1, ctx, err)
 				}
 				return nil, true, wrapOp("acquire", req.Key, err)
@@ -306,16 +308,6 @@ func ctxAcquireError(key string, attempts int, ctx context.Context, last error) 
 		err, cause = context.DeadlineExceeded, context.DeadlineExceeded
 	}
 	return &AcquireError{Key: key, Attempts: attempts, Cause: cause, Last: last, ctxErr: err}
-}
-
-// ended reports whether ctx is done or its deadline has passed (a server
-// may report the deadline before the context's timer fires).
-func ended(ctx context.Context) bool {
-	if ctx.Err() != nil {
-		return true
-	}
-	d, ok := ctx.Deadline()
-	return ok && !time.Now().Before(d)
 }
 
 // effectiveTTL is cfg's TTL: the backend's maximum when it is lower and

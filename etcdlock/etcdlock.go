@@ -11,6 +11,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/ctxend"
 )
 
 const (
@@ -187,14 +188,8 @@ func (b *Backend) checkName(r dlock.Request) error {
 // made of it (the server may see the deadline pass before the client:
 // "etcdserver: request timed out").
 func rpcErr(ctx context.Context, err error) error {
-	if ctxErr := ctx.Err(); ctxErr != nil {
+	if ctxErr := ctxend.Err(ctx); ctxErr != nil {
 		return ctxErr
-	}
-	if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
-		// Past its deadline, its timer fires at once: return ctx's own
-		// error, so that the caller finds ctx.Err() set too.
-		<-ctx.Done()
-		return ctx.Err()
 	}
 	return err
 }

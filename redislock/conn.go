@@ -2,7 +2,6 @@ package redislock
 
 import (
 	"bufio"
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dlock-go/dlock/internal/ctxend"
 	"github.com/dlock-go/dlock/internal/resp"
 )
 
@@ -30,12 +30,11 @@ import (
 type pipeConn struct {
 	opt *redis.Options
 
-	mu       sync.Mutex
-	cur      *wire         // the live connection, nil before the first dial or after a failure
-	dialing  chan struct{} // closed when the dial under way ends
-	dialErr  error         // that dial's failure
-	dialQuit bool          // it failed because its caller's context ended
-	closed   bool
+	mu      sync.Mutex
+	cur     *wire         // the live connection, nil before the first dial or after a failure
+	dialing chan struct{} // closed when the dial under way ends
+	dialErr error         // that dial's failure, nil when its caller's context ended
+	closed  bool
 }
 
 // newPipeConn returns a pipeConn for the server behind rdb, or nil when
@@ -238,9 +237,9 @@ func (pc *pipeConn) wire(ctx context.Context) (*wire, error) {
 				return nil, ctx.Err()
 			}
 			pc.mu.Lock()
-			err, quit := pc.dialErr, pc.dialQuit
+			err := pc.dialErr
 			pc.mu.Unlock()
-			if err != nil && !quit {
+			if err != nil {
 				return nil, err
 			}
 			continue
@@ -249,14 +248,16 @@ func (pc *pipeConn) wire(ctx context.Context) (*wire, error) {
 		pc.dialing, pc.cur = ch, nil
 		pc.mu.Unlock()
 		w, err := dialWire(ctx, pc.opt)
-		quit := err != nil && ended(ctx)
-		if quit {
-			// As a call whose context ends reports it. A dial can fail at
-			// ctx's deadline just before ctx says it has ended.
-			err = cmp.Or(ctx.Err(), context.DeadlineExceeded)
+		shared := err
+		if err != nil {
+			if ctxErr := ctxend.Err(ctx); ctxErr != nil {
+				// Ours alone, reported as any call whose context ends:
+				// the callers waiting find no error and dial again.
+				err, shared = ctxErr, nil
+			}
 		}
 		pc.mu.Lock()
-		pc.dialing, pc.dialErr, pc.dialQuit = nil, err, quit
+		pc.dialing, pc.dialErr = nil, shared
 		if err == nil {
 			if pc.closed {
 				w.fail(errClosed)
@@ -270,12 +271,6 @@ func (pc *pipeConn) wire(ctx context.Context) (*wire, error) {
 			return nil, err
 		}
 	}
-}
-
-// ended reports whether ctx has ended or its deadline has passed.
-func ended(ctx context.Context) bool {
-	dl, ok := ctx.Deadline()
-	return ctx.Err() != nil || ok && !time.Now().Before(dl)
 }
 
 // close fails every call on the connection with errClosed and closes it;
