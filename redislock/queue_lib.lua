@@ -29,8 +29,9 @@ end
 -- was last (0: unknown), at server time t (µs). Dead waiters ahead of it
 -- are dropped. If that waiter is self (a member), the lock is granted to
 -- it outright (count 1, TTL ttl ms); otherwise it is reserved for it (flag
--- c, TTL claim ms) and its Backend is told (tell). The lock gets flag q. Returns the member served and its fence; nil when nobody
--- waits; or nil, nil and a wrong-type reply (nothing changed).
+-- c, TTL claim ms) and its Backend is told (tell). The lock gets flag q.
+-- Returns the member served and its fence; nil when nobody waits; or nil,
+-- nil and a wrong-type reply (nothing changed).
 local function hand_off(lock, q, self, ttl, claim, wake, t, last)
   while true do
     local m = redis.pcall('ZPOPMIN', q)
