@@ -173,7 +173,9 @@ func (b *Backend) grant(ctx context.Context, ls *leaseState) error {
 	defer b.mu.Unlock()
 	defer close(ls.ready)
 	if err != nil {
-		ls.err = fmt.Errorf("etcdlock: grant lease of %ds: %w", ls.sec, err)
+		// rpcErr: a grant cut short by its caller's deadline fails with
+		// the context's error, so waiters for ls try again with theirs.
+		ls.err = fmt.Errorf("etcdlock: grant lease of %ds: %w", ls.sec, rpcErr(ctx, err))
 		if b.leases.shared[ls.sec] == ls {
 			delete(b.leases.shared, ls.sec)
 		}
@@ -207,10 +209,7 @@ func (b *Backend) keepAlive(ctx context.Context, ls *leaseState) error {
 		if isLeaseNotFound(err) {
 			return b.leaseGone(ls, fmt.Errorf("etcdlock: lease %x expired or was revoked: %w", int64(ls.id), dlock.ErrNotHeld))
 		}
-		if ctxErr := ctx.Err(); ctxErr != nil {
-			return fmt.Errorf("etcdlock: keep-alive lease %x: %w", int64(ls.id), ctxErr)
-		}
-		return fmt.Errorf("etcdlock: keep-alive lease %x: %w", int64(ls.id), err)
+		return fmt.Errorf("etcdlock: keep-alive lease %x: %w", int64(ls.id), rpcErr(ctx, err))
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
