@@ -643,8 +643,9 @@ func (c *Client) releaseAt(r Request, t time.Time, timeout time.Duration, stop f
 // untilClose runs f, a backend call bounded by a context derived from
 // closeCtx, and returns when f does or when Close begins, whichever is
 // first: a backend call that observes its context's deadline but not its
-// cancellation (a Redis client with context timeouts) must not hold Close
-// until that deadline. f then finishes on its own goroutine.
+// cancellation (a driver client that turns the deadline into socket
+// timeouts) must not hold Close until that deadline. f then finishes on
+// its own goroutine.
 func (c *Client) untilClose(f func()) {
 	done := make(chan struct{})
 	go func() {
