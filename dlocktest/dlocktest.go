@@ -32,15 +32,6 @@ import (
 // Key returns a key unique to the test.
 func Key(t *testing.T) string { return locktest.Key(t) }
 
-func ctxT(t *testing.T, d time.Duration) context.Context { return locktest.Ctx(t, d) }
-
-func waitFor(t *testing.T, d time.Duration, cond func() bool, what string) {
-	t.Helper()
-	locktest.WaitFor(t, d, what, cond)
-}
-
-func drift(ttl time.Duration) time.Duration { return dlock.Drift(ttl) }
-
 // Harness describes the backend under test.
 type Harness struct {
 	// NewBackend returns a new connection to the server under test. The
@@ -169,7 +160,7 @@ func release(t *testing.T, l *dlock.Lease) {
 // releases it); what names the check in the failure.
 func (s *suite) assertFree(t *testing.T, key, what string, opts ...dlock.Option) {
 	t.Helper()
-	l, err := s.client(t, opts...).TryAcquire(ctxT(t, s.long()), key)
+	l, err := s.client(t, opts...).TryAcquire(locktest.Ctx(t, s.long()), key)
 	if err != nil {
 		t.Fatalf("%s: %v", what, err)
 	}
@@ -194,7 +185,7 @@ func (s *suite) endsCancelled(t *testing.T, got <-chan locktest.Outcome, what st
 // assertHeld checks that another client cannot take key now.
 func (s *suite) assertHeld(t *testing.T, key string) {
 	t.Helper()
-	l, err := s.client(t).TryAcquire(ctxT(t, s.long()), key)
+	l, err := s.client(t).TryAcquire(locktest.Ctx(t, s.long()), key)
 	if err == nil {
 		l.Release(context.Background())
 		t.Fatalf("TryAcquire(%q) by another client succeeded, want the lock held", key)
@@ -213,7 +204,7 @@ func (s *suite) holder(t *testing.T, key string) string {
 	if !ok {
 		return ""
 	}
-	info, err := in.Inspect(ctxT(t, s.long()), key)
+	info, err := in.Inspect(locktest.Ctx(t, s.long()), key)
 	if err != nil {
 		return fmt.Sprintf(" (Inspect: %v)", err)
 	}
@@ -229,7 +220,7 @@ func (s *suite) mutualExclusion(t *testing.T) {
 		lastFence uint64
 		wg        sync.WaitGroup
 	)
-	ctx := ctxT(t, s.long()*3)
+	ctx := locktest.Ctx(t, s.long()*3)
 	errs := make(chan error, clients*perClient)
 	for i := 0; i < clients; i++ {
 		c := s.client(t)
@@ -271,7 +262,7 @@ func (s *suite) mutualExclusion(t *testing.T) {
 func (s *suite) fencesIncrease(t *testing.T) {
 	key := Key(t)
 	a, b := s.client(t), s.client(t)
-	ctx := ctxT(t, s.long())
+	ctx := locktest.Ctx(t, s.long())
 	var last uint64
 	for i := 0; i < 10; i++ {
 		c := a
@@ -289,11 +280,11 @@ func (s *suite) fencesIncrease(t *testing.T) {
 
 func (s *suite) tryAcquireHeld(t *testing.T) {
 	key := Key(t)
-	l := locktest.MustAcquire(t, ctxT(t, s.long()), s.client(t), key)
+	l := locktest.MustAcquire(t, locktest.Ctx(t, s.long()), s.client(t), key)
 	defer release(t, l)
 	// The holder is renewed for longer than the context lasts: a
 	// TryAcquire that waited would end with the context's error.
-	_, err := s.client(t).TryAcquire(ctxT(t, s.long()), key)
+	_, err := s.client(t).TryAcquire(locktest.Ctx(t, s.long()), key)
 	if errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("TryAcquire waited until its context ended: %v", err)
 	}
@@ -309,7 +300,7 @@ func (s *suite) tryAcquireHeld(t *testing.T) {
 func (s *suite) releaseFrees(t *testing.T) {
 	key := Key(t)
 	c := s.client(t)
-	l := locktest.MustAcquire(t, ctxT(t, s.long()), c, key)
+	l := locktest.MustAcquire(t, locktest.Ctx(t, s.long()), c, key)
 	release(t, l)
 	select {
 	case <-l.Done():
@@ -332,14 +323,14 @@ func (s *suite) skipExpiry(t *testing.T) {
 func (s *suite) expiryFrees(t *testing.T) {
 	s.skipExpiry(t)
 	key := Key(t)
-	holder := locktest.MustAcquire(t, ctxT(t, s.long()), s.client(t), key, dlock.WithAutoRenew(false))
+	holder := locktest.MustAcquire(t, locktest.Ctx(t, s.long()), s.client(t), key, dlock.WithAutoRenew(false))
 	invoke := holder.Expires() // ≤ invoke + TTL
-	l, err := s.client(t).Acquire(ctxT(t, s.long()), key)
+	l, err := s.client(t).Acquire(locktest.Ctx(t, s.long()), key)
 	if err != nil {
 		t.Fatalf("Acquire after expiry: %v", err)
 	}
 	defer release(t, l)
-	if late := time.Since(invoke); late > s.h.Slack+drift(s.h.TTL) {
+	if late := time.Since(invoke); late > s.h.Slack+dlock.Drift(s.h.TTL) {
 		t.Fatalf("lock freed %v after the holder's Expires, want within %v", late, s.h.Slack)
 	}
 	select {
@@ -365,9 +356,9 @@ func (s *suite) fenceAfterExpiry(t *testing.T) {
 // ends.
 func (s *suite) takeOver(t *testing.T, key string) (old, cur *dlock.Lease) {
 	t.Helper()
-	old = locktest.MustAcquire(t, ctxT(t, s.long()), s.client(t), key, dlock.WithAutoRenew(false))
+	old = locktest.MustAcquire(t, locktest.Ctx(t, s.long()), s.client(t), key, dlock.WithAutoRenew(false))
 	<-old.Done()
-	cur = locktest.MustAcquire(t, ctxT(t, s.long()), s.client(t), key)
+	cur = locktest.MustAcquire(t, locktest.Ctx(t, s.long()), s.client(t), key)
 	t.Cleanup(func() { release(t, cur) })
 	return old, cur
 }
@@ -376,15 +367,15 @@ func (s *suite) takeOver(t *testing.T, key string) (old, cur *dlock.Lease) {
 // not hold the lock.
 func (s *suite) releaseForeignToken(t *testing.T) {
 	key := Key(t)
-	l := locktest.MustAcquire(t, ctxT(t, s.long()), s.client(t), key)
+	l := locktest.MustAcquire(t, locktest.Ctx(t, s.long()), s.client(t), key)
 	defer release(t, l)
 	b := s.h.NewBackend(t)
 	defer b.Close()
 	req := dlock.Request{Key: key, Token: "not-the-owner", TTL: s.h.TTL, Fence: l.Fence()}
-	if err := b.Release(ctxT(t, s.long()), req); !errors.Is(err, dlock.ErrNotHeld) {
+	if err := b.Release(locktest.Ctx(t, s.long()), req); !errors.Is(err, dlock.ErrNotHeld) {
 		t.Fatalf("Release with a foreign token: got %v, want ErrNotHeld", err)
 	}
-	if err := b.Refresh(ctxT(t, s.long()), req); !errors.Is(err, dlock.ErrNotHeld) {
+	if err := b.Refresh(locktest.Ctx(t, s.long()), req); !errors.Is(err, dlock.ErrNotHeld) {
 		t.Fatalf("Refresh with a foreign token: got %v, want ErrNotHeld", err)
 	}
 	s.assertHeld(t, key)
@@ -394,11 +385,11 @@ func (s *suite) releaseAfterTakeover(t *testing.T) {
 	s.skipExpiry(t)
 	key := Key(t)
 	old, cur := s.takeOver(t, key)
-	err := old.Release(ctxT(t, s.long()))
+	err := old.Release(locktest.Ctx(t, s.long()))
 	if !errors.Is(err, dlock.ErrLost) && !errors.Is(err, dlock.ErrNotHeld) {
 		t.Fatalf("Release of a taken-over lease: got %v, want ErrLost or ErrNotHeld", err)
 	}
-	if err := old.Refresh(ctxT(t, s.long()), 0); !errors.Is(err, dlock.ErrLost) && !errors.Is(err, dlock.ErrReleased) {
+	if err := old.Refresh(locktest.Ctx(t, s.long()), 0); !errors.Is(err, dlock.ErrLost) && !errors.Is(err, dlock.ErrReleased) {
 		t.Fatalf("Refresh of a taken-over lease: got %v, want ErrLost", err)
 	}
 	if cur.Err() != nil {
@@ -408,27 +399,27 @@ func (s *suite) releaseAfterTakeover(t *testing.T) {
 }
 
 func (s *suite) doubleRelease(t *testing.T) {
-	l := locktest.MustAcquire(t, ctxT(t, s.long()), s.client(t), Key(t))
+	l := locktest.MustAcquire(t, locktest.Ctx(t, s.long()), s.client(t), Key(t))
 	release(t, l)
-	if err := l.Release(ctxT(t, s.long())); !errors.Is(err, dlock.ErrReleased) {
+	if err := l.Release(locktest.Ctx(t, s.long())); !errors.Is(err, dlock.ErrReleased) {
 		t.Fatalf("second Release: got %v, want ErrReleased", err)
 	}
 }
 
 func (s *suite) refreshAfterRelease(t *testing.T) {
-	l := locktest.MustAcquire(t, ctxT(t, s.long()), s.client(t), Key(t))
+	l := locktest.MustAcquire(t, locktest.Ctx(t, s.long()), s.client(t), Key(t))
 	release(t, l)
-	if err := l.Refresh(ctxT(t, s.long()), 0); !errors.Is(err, dlock.ErrReleased) {
+	if err := l.Refresh(locktest.Ctx(t, s.long()), 0); !errors.Is(err, dlock.ErrReleased) {
 		t.Fatalf("Refresh after Release: got %v, want ErrReleased", err)
 	}
 }
 
 func (s *suite) refreshExtends(t *testing.T) {
 	key := Key(t)
-	l := locktest.MustAcquire(t, ctxT(t, s.long()), s.client(t), key, dlock.WithAutoRenew(false))
+	l := locktest.MustAcquire(t, locktest.Ctx(t, s.long()), s.client(t), key, dlock.WithAutoRenew(false))
 	defer release(t, l)
 	first := l.Expires()
-	if err := l.Refresh(ctxT(t, s.long()), 4*s.h.TTL); err != nil {
+	if err := l.Refresh(locktest.Ctx(t, s.long()), 4*s.h.TTL); err != nil {
 		t.Fatalf("Refresh: %v", err)
 	}
 	if got := l.Expires(); !got.After(first.Add(s.h.TTL)) {
@@ -447,7 +438,7 @@ func (s *suite) refreshExtends(t *testing.T) {
 
 func (s *suite) autoRenewHolds(t *testing.T) {
 	key := Key(t)
-	l := locktest.MustAcquire(t, ctxT(t, s.long()), s.client(t), key)
+	l := locktest.MustAcquire(t, locktest.Ctx(t, s.long()), s.client(t), key)
 	defer release(t, l)
 	select {
 	case <-l.Done():
@@ -467,7 +458,7 @@ func (s *suite) lostWhenServerStops(t *testing.T) {
 	key := Key(t)
 	var onLost atomic.Int32
 	c := s.client(t, dlock.WithOnLost(func(*dlock.Lease, error) { onLost.Add(1) }))
-	l := locktest.MustAcquire(t, ctxT(t, s.long()), c, key)
+	l := locktest.MustAcquire(t, locktest.Ctx(t, s.long()), c, key)
 	work, cancel := l.Context(context.Background())
 	defer cancel()
 	restore := s.h.Outage(t)
@@ -491,17 +482,17 @@ func (s *suite) lostWhenServerStops(t *testing.T) {
 	}
 	t.Logf("lost %v after the outage began (TTL %v)", lostAfter, s.h.TTL)
 	// Another client takes the lock once the server is back.
-	l2 := locktest.MustAcquire(t, ctxT(t, s.long()), s.client(t), key)
+	l2 := locktest.MustAcquire(t, locktest.Ctx(t, s.long()), s.client(t), key)
 	release(t, l2)
-	if err := l.Release(ctxT(t, s.long())); !errors.Is(err, dlock.ErrLost) {
+	if err := l.Release(locktest.Ctx(t, s.long())); !errors.Is(err, dlock.ErrLost) {
 		t.Fatalf("Release of a lost lease: got %v, want ErrLost", err)
 	}
-	waitFor(t, s.h.Slack, func() bool { return onLost.Load() == 1 }, "OnLost called once")
+	locktest.WaitFor(t, s.h.Slack, "OnLost called once", func() bool { return onLost.Load() == 1 })
 }
 
 func (s *suite) cancelWait(t *testing.T) {
 	key := Key(t)
-	l := locktest.MustAcquire(t, ctxT(t, s.long()), s.client(t), key)
+	l := locktest.MustAcquire(t, locktest.Ctx(t, s.long()), s.client(t), key)
 	defer release(t, l)
 	ctx, cancel := context.WithCancel(context.Background())
 	c := s.client(t)
@@ -518,7 +509,7 @@ func (s *suite) cancelWait(t *testing.T) {
 
 func (s *suite) deadlineWait(t *testing.T) {
 	key := Key(t)
-	l := locktest.MustAcquire(t, ctxT(t, s.long()), s.client(t), key)
+	l := locktest.MustAcquire(t, locktest.Ctx(t, s.long()), s.client(t), key)
 	defer release(t, l)
 	ctx, cancel := context.WithTimeout(context.Background(), s.h.TTL/5)
 	defer cancel()
@@ -536,11 +527,11 @@ func (s *suite) wokenByRelease(t *testing.T) {
 	key := Key(t)
 	// A long TTL and a long strategy ceiling: only the release can wake the
 	// waiter quickly.
-	holder := locktest.MustAcquire(t, ctxT(t, s.long()), s.client(t, dlock.WithTTL(20*s.h.TTL)), key)
+	holder := locktest.MustAcquire(t, locktest.Ctx(t, s.long()), s.client(t, dlock.WithTTL(20*s.h.TTL)), key)
 	c := s.client(t, dlock.WithWait(dlock.Constant(time.Minute)))
 	got := make(chan *dlock.Lease, 1)
 	errc := make(chan error, 1)
-	wctx := ctxT(t, time.Minute)
+	wctx := locktest.Ctx(t, time.Minute)
 	go func() {
 		l, err := c.Acquire(wctx, key)
 		if err != nil {
@@ -568,7 +559,7 @@ func (s *suite) doReleases(t *testing.T) {
 	c := s.client(t)
 	var lease *dlock.Lease
 	errBoom := errors.New("boom")
-	err := c.Do(ctxT(t, s.long()), key, func(ctx context.Context, l *dlock.Lease) error {
+	err := c.Do(locktest.Ctx(t, s.long()), key, func(ctx context.Context, l *dlock.Lease) error {
 		lease = l
 		if ctx.Err() != nil {
 			t.Errorf("Do's context already done: %v", ctx.Err())
@@ -599,14 +590,14 @@ func (s *suite) doReleasesOnPanic(t *testing.T) {
 				t.Fatalf("recovered %v, want the panic of fn re-raised", p)
 			}
 		}()
-		c.Do(ctxT(t, s.long()), key, func(context.Context, *dlock.Lease) error { panic("boom") })
+		c.Do(locktest.Ctx(t, s.long()), key, func(context.Context, *dlock.Lease) error { panic("boom") })
 	}()
 	s.assertFree(t, key, "lock not released after a panic in Do")
 }
 
 func (s *suite) reentrant(t *testing.T) {
 	key := Key(t)
-	ctx := ctxT(t, s.long())
+	ctx := locktest.Ctx(t, s.long())
 	c := s.client(t, dlock.WithOwner("owner-"+rand.Text()[:6]))
 	l1 := locktest.MustAcquire(t, ctx, c, key)
 	l2 := locktest.MustAcquire(t, ctx, c, key)
@@ -637,7 +628,7 @@ func (s *suite) fifo(t *testing.T) {
 		t.Skip("backend has no server-side queue")
 	}
 	key := Key(t)
-	holder := locktest.MustAcquire(t, ctxT(t, s.long()), s.client(t), key)
+	holder := locktest.MustAcquire(t, locktest.Ctx(t, s.long()), s.client(t), key)
 	// A cancelled queued waiter leaves the queue: the live one behind it
 	// is served after the release.
 	cctx, cancel := context.WithCancel(context.Background())
@@ -651,7 +642,7 @@ func (s *suite) fifo(t *testing.T) {
 	got := make(chan error, 1)
 	var second *dlock.Lease
 	c2 := s.client(t)
-	wctx := ctxT(t, s.long())
+	wctx := locktest.Ctx(t, s.long())
 	go func() {
 		var err error
 		second, err = c2.Acquire(wctx, key, dlock.WithFIFO())
@@ -676,7 +667,7 @@ func (s *suite) fifo(t *testing.T) {
 
 func (s *suite) badInput(t *testing.T) {
 	c := s.client(t)
-	ctx := ctxT(t, s.long())
+	ctx := locktest.Ctx(t, s.long())
 	cases := []struct {
 		name string
 		call func() error

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/locktest"
 )
 
 func (s *suite) needElection(t *testing.T) {
@@ -25,7 +26,7 @@ func (s *suite) needElection(t *testing.T) {
 func (s *suite) election(t *testing.T) {
 	s.needElection(t)
 	key := Key(t)
-	ctx := ctxT(t, s.long())
+	ctx := locktest.Ctx(t, s.long())
 	a, b := s.client(t).Election(key), s.client(t).Election(key)
 	watcher := s.client(t).Election(key)
 	if _, err := watcher.Leader(ctx); !errors.Is(err, dlock.ErrNoLeader) {
@@ -118,7 +119,7 @@ func (s *suite) electionLost(t *testing.T) {
 		t.Skip("backend has no ForceRelease")
 	}
 	key := Key(t)
-	ctx := ctxT(t, s.long())
+	ctx := locktest.Ctx(t, s.long())
 	e := s.client(t).Election(key)
 	l, err := e.Campaign(ctx, "v")
 	if err != nil {

@@ -25,7 +25,7 @@ func owner() string { return "owner-" + rand.Text()[:8] }
 // the lock go before the outer hold's Expires.
 func (s *suite) reentryShorterTTL(t *testing.T) {
 	key, id := Key(t), owner()
-	ctx := ctxT(t, s.long())
+	ctx := locktest.Ctx(t, s.long())
 	c := s.client(t)
 	outer := locktest.MustAcquire(t, ctx, c, key, dlock.WithOwner(id), dlock.WithTTL(6*s.h.TTL), dlock.WithAutoRenew(false))
 	defer outer.Release(context.Background())
@@ -56,7 +56,7 @@ func (s *suite) reentryShorterTTL(t *testing.T) {
 // Expires back, and the watchdog renews on the new, shorter period.
 func (s *suite) refreshShorterTTL(t *testing.T) {
 	key := Key(t)
-	ctx := ctxT(t, s.long())
+	ctx := locktest.Ctx(t, s.long())
 	l := locktest.MustAcquire(t, ctx, s.client(t), key, dlock.WithTTL(3*s.h.TTL))
 	defer release(t, l)
 	before := l.Expires()
@@ -82,7 +82,7 @@ func (s *suite) backendDeadline(t *testing.T) {
 	b := s.h.NewBackend(t)
 	defer b.Close()
 	key, tok := Key(t), owner()
-	ctx := ctxT(t, s.long())
+	ctx := locktest.Ctx(t, s.long())
 	g, err := b.TryAcquire(ctx, dlock.Request{Key: key, Token: tok, TTL: 6 * s.h.TTL})
 	if err != nil || !g.OK {
 		t.Fatalf("TryAcquire: %+v, %v", g, err)
@@ -118,7 +118,7 @@ func (s *suite) backendFence(t *testing.T) {
 	b := s.h.NewBackend(t)
 	defer b.Close()
 	key, tok := Key(t), owner()
-	ctx := ctxT(t, s.long())
+	ctx := locktest.Ctx(t, s.long())
 	g1, err := b.TryAcquire(ctx, dlock.Request{Key: key, Token: tok, TTL: s.h.TTL})
 	if err != nil || !g1.OK {
 		t.Fatalf("TryAcquire: %+v, %v", g1, err)
@@ -152,7 +152,7 @@ func (s *suite) backendFence(t *testing.T) {
 func (s *suite) sharedOwner(t *testing.T) {
 	c := s.client(t)
 	id := owner()
-	ctx := ctxT(t, s.long())
+	ctx := locktest.Ctx(t, s.long())
 	for round := 0; round < 10; round++ {
 		key := Key(t)
 		const n = 4
@@ -200,7 +200,7 @@ func (s *suite) sharedOwner(t *testing.T) {
 // the lock is free within the longest TTL used.
 func (s *suite) cancelledReentry(t *testing.T) {
 	key, id := Key(t), owner()
-	ctx := ctxT(t, s.long())
+	ctx := locktest.Ctx(t, s.long())
 	c, other := s.client(t), s.client(t)
 	outer := locktest.MustAcquire(t, ctx, c, key, dlock.WithOwner(id))
 	for i := 0; i < 20; i++ {
@@ -219,7 +219,7 @@ func (s *suite) cancelledReentry(t *testing.T) {
 	}
 	release(t, outer)
 	// A leftover of a re-entry whose answer was lost lasts at most its TTL.
-	l, err := s.client(t).Acquire(ctxT(t, 2*s.h.TTL+s.h.Slack+s.long()/2), key)
+	l, err := s.client(t).Acquire(locktest.Ctx(t, 2*s.h.TTL+s.h.Slack+s.long()/2), key)
 	if err != nil {
 		t.Fatalf("lock not free after the owner released everything: %v%s", err, s.holder(t, key))
 	}
@@ -237,7 +237,7 @@ func (s *suite) forceReleaseReentry(t *testing.T) {
 		t.Skip("backend has no ForceRelease")
 	}
 	key, id := Key(t), owner()
-	ctx := ctxT(t, s.long())
+	ctx := locktest.Ctx(t, s.long())
 	c := s.client(t)
 	l := locktest.MustAcquire(t, ctx, c, key, dlock.WithOwner(id))
 	if _, err := fr.ForceRelease(ctx, key); err != nil {
@@ -259,7 +259,7 @@ func (s *suite) closeLeavesNothing(t *testing.T) {
 	for round := 0; round < 4; round++ {
 		key := Key(t)
 		c := dlock.New(s.h.NewBackend(t), dlock.WithTTL(20*s.h.TTL))
-		holder := locktest.MustAcquire(t, ctxT(t, s.long()), c, key)
+		holder := locktest.MustAcquire(t, locktest.Ctx(t, s.long()), c, key)
 		const n = 4
 		errs := make(chan error, n)
 		for i := 0; i < n; i++ {
@@ -296,11 +296,11 @@ func (s *suite) closeLeavesNothing(t *testing.T) {
 // limitWaits: Limit(3, Constant(d)) waits about 2d before giving up.
 func (s *suite) limitWaits(t *testing.T) {
 	key := Key(t)
-	holder := locktest.MustAcquire(t, ctxT(t, s.long()), s.client(t), key)
+	holder := locktest.MustAcquire(t, locktest.Ctx(t, s.long()), s.client(t), key)
 	defer release(t, holder)
 	d := s.h.TTL / 5
 	start := time.Now()
-	_, err := s.client(t).Acquire(ctxT(t, s.long()), key, dlock.WithWait(dlock.Limit(3, dlock.Constant(d))))
+	_, err := s.client(t).Acquire(locktest.Ctx(t, s.long()), key, dlock.WithWait(dlock.Limit(3, dlock.Constant(d))))
 	waited := time.Since(start)
 	var ae *dlock.AcquireError
 	if !errors.As(err, &ae) || ae.Cause != nil {
@@ -318,7 +318,7 @@ func (s *suite) contextKinds(t *testing.T) {
 	key := Key(t)
 	// A long TTL: the holder must outlast every wait even when renewals
 	// run late on a loaded machine.
-	holder := locktest.MustAcquire(t, ctxT(t, s.long()), s.client(t, dlock.WithTTL(20*s.h.TTL)), key)
+	holder := locktest.MustAcquire(t, locktest.Ctx(t, s.long()), s.client(t, dlock.WithTTL(20*s.h.TTL)), key)
 	defer release(t, holder)
 	c := s.client(t)
 	d := s.h.TTL / 5
@@ -380,9 +380,9 @@ func (s *suite) acquireManyEdges(t *testing.T) {
 	}
 
 	k1, k2 := Key(t)+".1", Key(t)+".2"
-	blocker := locktest.MustAcquire(t, ctxT(t, s.long()), s.client(t), k2, dlock.WithTTL(3*s.h.TTL), dlock.WithAutoRenew(false))
+	blocker := locktest.MustAcquire(t, locktest.Ctx(t, s.long()), s.client(t), k2, dlock.WithTTL(3*s.h.TTL), dlock.WithAutoRenew(false))
 	defer blocker.Release(context.Background())
-	ls, err := s.client(t).AcquireMany(ctxT(t, s.long()), []string{k1, k2}, dlock.WithAutoRenew(false))
+	ls, err := s.client(t).AcquireMany(locktest.Ctx(t, s.long()), []string{k1, k2}, dlock.WithAutoRenew(false))
 	if err != nil {
 		if !errors.Is(err, dlock.ErrNotAcquired) {
 			t.Fatalf("AcquireMany: got %v, want success or ErrNotAcquired", err)
@@ -416,7 +416,7 @@ func (s *suite) ttlFloor(t *testing.T) {
 	if err := c.Err(); !errors.Is(err, dlock.ErrInvalidTTL) {
 		t.Fatalf("New with TTL %v below the floor %v: got %v, want ErrInvalidTTL", low, f.MinTTL(), err)
 	}
-	_, err := s.client(t).Acquire(ctxT(t, s.long()), Key(t), dlock.WithTTL(low))
+	_, err := s.client(t).Acquire(locktest.Ctx(t, s.long()), Key(t), dlock.WithTTL(low))
 	if !errors.Is(err, dlock.ErrInvalidTTL) {
 		t.Fatalf("Acquire with TTL %v below the floor %v: got %v, want ErrInvalidTTL", low, f.MinTTL(), err)
 	}
@@ -428,7 +428,7 @@ func (s *suite) ttlFloor(t *testing.T) {
 // session (the second Client cannot take the lock) skips it.
 func (s *suite) closeKeepsOwnersShare(t *testing.T) {
 	id := owner()
-	ctx := ctxT(t, s.long())
+	ctx := locktest.Ctx(t, s.long())
 	for round := 0; round < 3; round++ {
 		key := Key(t)
 		c1 := dlock.New(s.h.NewBackend(t), dlock.WithTTL(s.h.TTL))
@@ -466,7 +466,7 @@ func (s *suite) minHold(t *testing.T) {
 	hold := 2 * s.h.TTL
 	key := Key(t)
 	c := s.client(t)
-	ctx := ctxT(t, s.long())
+	ctx := locktest.Ctx(t, s.long())
 	// Made and used before the clock starts: its first call dials (and
 	// with Sentinel asks a sentinel first), which on a loaded machine can
 	// outlast the hold.
@@ -491,15 +491,18 @@ func (s *suite) minHold(t *testing.T) {
 			t.Fatalf("TryAcquire: got %v, want ErrNotAcquired", err)
 		}
 	}
-	waitFor(t, hold+s.h.TTL+s.h.Slack+5*time.Second, func() bool {
-		l2, err := other.TryAcquire(ctx, key)
-		if err != nil {
-			return false
-		}
-		if since := time.Since(before); since < hold {
-			t.Fatalf("lock free %v after the grant, inside the minimum hold %v", since, hold)
-		}
-		release(t, l2)
-		return true
-	}, "the lock to be free after the minimum hold")
+	locktest.WaitFor(t, hold+s.h.TTL+s.h.Slack+5*time.Second,
+
+		"the lock to be free after the minimum hold", func() bool {
+			l2, err := other.TryAcquire(ctx, key)
+			if err != nil {
+				return false
+			}
+			if since := time.Since(before); since < hold {
+				t.Fatalf("lock free %v after the grant, inside the minimum hold %v", since, hold)
+			}
+			release(t, l2)
+			return true
+		})
+
 }

@@ -103,7 +103,7 @@ func (g *ledger) check(t *testing.T, what string) {
 // loss or release) — through AcquireMany (taken, refused after a wait),
 // Client.Close with leases held, and a re-entry that finds its lock gone.
 func (s *suite) observerBalance(t *testing.T) {
-	ctx := ctxT(t, s.long())
+	ctx := locktest.Ctx(t, s.long())
 	t.Run("AcquireMany", func(t *testing.T) {
 		g := newLedger()
 		c := s.client(t, dlock.WithObserver(g))

@@ -22,7 +22,7 @@ func (s *suite) queued(t *testing.T, key string) func() int {
 		t.Skip("backend has no server-side queue it can inspect")
 	}
 	probe := func() int {
-		info, err := in.Inspect(ctxT(t, s.long()), key)
+		info, err := in.Inspect(locktest.Ctx(t, s.long()), key)
 		if err != nil {
 			t.Fatalf("Inspect: %v", err)
 		}
@@ -42,7 +42,7 @@ func (s *suite) fifoOrder(t *testing.T) {
 	waiting := s.queued(t, key)
 	const waiters = 6
 	cancelled := map[int]bool{1: true, 3: true}
-	ctx := ctxT(t, 3*s.long())
+	ctx := locktest.Ctx(t, 3*s.long())
 	holder := locktest.MustAcquire(t, ctx, s.client(t), key)
 	order := make(chan int, waiters)
 	errs := make(chan error, waiters)
@@ -64,21 +64,24 @@ func (s *suite) fifoOrder(t *testing.T) {
 			order <- i
 			errs <- l.Release(context.Background())
 		}()
-		waitFor(t, s.long(), func() bool {
-			select {
-			case err := <-errs: // no waiter may end before the holder releases
-				t.Fatalf("a waiter ended while waiter %d was queueing: %v", i, err)
-			default:
-			}
-			return waiting() == i+1
-		}, fmt.Sprintf("waiter %d queued", i))
+		locktest.WaitFor(t, s.long(),
+
+			fmt.Sprintf("waiter %d queued", i), func() bool {
+				select {
+				case err := <-errs:
+					t.Fatalf("a waiter ended while waiter %d was queueing: %v", i, err)
+				default:
+				}
+				return waiting() == i+1
+			})
+
 	}
 	left := waiters
 	for i := range waiters {
 		if cancelled[i] {
 			cancels[i]()
 			left--
-			waitFor(t, s.long(), func() bool { return waiting() == left }, fmt.Sprintf("cancelled waiter %d gone", i))
+			locktest.WaitFor(t, s.long(), fmt.Sprintf("cancelled waiter %d gone", i), func() bool { return waiting() == left })
 		}
 	}
 	release(t, holder)
@@ -117,13 +120,13 @@ func (s *suite) fifoOrder(t *testing.T) {
 func (s *suite) cancelQueued(t *testing.T) {
 	key := Key(t)
 	waiting := s.queued(t, key)
-	holder := locktest.MustAcquire(t, ctxT(t, s.long()), s.client(t), key)
+	holder := locktest.MustAcquire(t, locktest.Ctx(t, s.long()), s.client(t), key)
 	defer release(t, holder)
 	c := s.client(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	got := locktest.Go(func() (*dlock.Lease, error) { return c.Acquire(ctx, key, dlock.WithFIFO()) })
-	waitFor(t, s.long(), func() bool { return waiting() == 1 }, "waiter queued")
+	locktest.WaitFor(t, s.long(), "waiter queued", func() bool { return waiting() == 1 })
 	cancel()
 	s.endsCancelled(t, got, "cancelled queued Acquire")
 	if n := waiting(); n != 0 {

@@ -29,7 +29,7 @@ func (s *suite) needKind(t *testing.T, k dlock.Kind) {
 func (s *suite) semaphoreLimit(t *testing.T) {
 	s.needKind(t, dlock.KindPermit)
 	key := Key(t)
-	ctx := ctxT(t, s.long())
+	ctx := locktest.Ctx(t, s.long())
 	const n = 3
 	var held []*dlock.Lease
 	var last uint64
@@ -83,7 +83,7 @@ func (s *suite) semaphoreLimit(t *testing.T) {
 func (s *suite) semaphoreConcurrent(t *testing.T) {
 	s.needKind(t, dlock.KindPermit)
 	key := Key(t)
-	ctx := ctxT(t, 3*s.long())
+	ctx := locktest.Ctx(t, 3*s.long())
 	const n, workers, rounds = 2, 6, 8
 	var inside, most atomic.Int32
 	var wg sync.WaitGroup
@@ -119,7 +119,7 @@ func (s *suite) semaphoreConcurrent(t *testing.T) {
 func (s *suite) semaphoreBadInput(t *testing.T) {
 	s.needKind(t, dlock.KindPermit)
 	key := Key(t)
-	ctx := ctxT(t, s.long())
+	ctx := locktest.Ctx(t, s.long())
 	c := s.client(t)
 	l := mustPermit(t, c, ctx, key, 3)
 	defer release(t, l)
@@ -151,14 +151,14 @@ func (s *suite) semaphoreExpiry(t *testing.T) {
 	s.needKind(t, dlock.KindPermit)
 	s.skipExpiry(t)
 	key := Key(t)
-	ctx := ctxT(t, s.long())
+	ctx := locktest.Ctx(t, s.long())
 	dead := mustPermit(t, s.client(t), ctx, key, 1, dlock.WithAutoRenew(false))
 	l, err := s.client(t).Semaphore(key, 1).Acquire(ctx)
 	if err != nil {
 		t.Fatalf("permit after the holder's TTL: %v", err)
 	}
 	defer release(t, l)
-	if late := time.Since(dead.Expires()); late > s.h.Slack+drift(s.h.TTL) {
+	if late := time.Since(dead.Expires()); late > s.h.Slack+dlock.Drift(s.h.TTL) {
 		t.Fatalf("permit returned %v after the holder's Expires, want within %v", late, s.h.Slack)
 	}
 }
@@ -177,7 +177,7 @@ func mustPermit(t *testing.T, c *dlock.Client, ctx context.Context, key string, 
 func (s *suite) rwShare(t *testing.T) {
 	s.needKind(t, dlock.KindRead)
 	key := Key(t)
-	ctx := ctxT(t, s.long())
+	ctx := locktest.Ctx(t, s.long())
 	var readers []*dlock.Lease
 	var top uint64
 	for i := 0; i < 3; i++ {
@@ -229,7 +229,7 @@ func (s *suite) rwWriterFirst(t *testing.T) {
 // rwWriterFirstWith is rwWriterFirst with the writers' options opts.
 func (s *suite) rwWriterFirstWith(t *testing.T, opts ...dlock.Option) {
 	key := Key(t)
-	ctx := ctxT(t, s.long())
+	ctx := locktest.Ctx(t, s.long())
 	r1, err := s.client(t).RWLock(key).RLock(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -245,13 +245,16 @@ func (s *suite) rwWriterFirstWith(t *testing.T, opts ...dlock.Option) {
 		got <- err
 	}()
 	probe := s.client(t).RWLock(key)
-	waitFor(t, s.long(), func() bool {
-		l, err := probe.TryRLock(ctx)
-		if err == nil {
-			release(t, l) // the writer has not asked yet
-		}
-		return errors.Is(err, dlock.ErrNotAcquired)
-	}, "a waiting writer keeps a new reader out")
+	locktest.WaitFor(t, s.long(),
+
+		"a waiting writer keeps a new reader out", func() bool {
+			l, err := probe.TryRLock(ctx)
+			if err == nil {
+				release(t, l)
+			}
+			return errors.Is(err, dlock.ErrNotAcquired)
+		})
+
 	cancel()
 	if err := <-got; !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled writer: got %v, want context.Canceled", err)
@@ -287,7 +290,7 @@ func (s *suite) rwWriterFirstWith(t *testing.T, opts ...dlock.Option) {
 func (s *suite) rwBadInput(t *testing.T) {
 	s.needKind(t, dlock.KindRead)
 	key := Key(t)
-	ctx := ctxT(t, s.long())
+	ctx := locktest.Ctx(t, s.long())
 	c := s.client(t)
 	r, err := c.RWLock(key).RLock(ctx)
 	if err != nil {
