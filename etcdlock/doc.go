@@ -51,7 +51,11 @@
 // Backend's shared leases: one per distinct TTL (in whole seconds, rounded
 // up), shared by all such locks and queue entries of the Backend; with
 // one TTL, as with a dlock.Client's WithTTL, that is one lease, granted
-// once. Such an entry has exactly one hold, tracked by one Backend.
+// once. Such an entry has exactly one hold, tracked by one Backend. Calls
+// that need a shared lease while it is being granted wait for that grant
+// and share its error, except when the grant failed because its caller's
+// context ended (also when the server saw the deadline pass first): then
+// each tries again with its own context.
 //
 // An owner's entry (dlock.WithOwner: a reentrant request) is on a private
 // lease granted for that entry alone, so that only the renewals of its own
