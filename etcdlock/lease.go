@@ -169,13 +169,16 @@ func (b *Backend) leaseOf(ctx context.Context, r dlock.Request, sec int64) (*lea
 func (b *Backend) grant(ctx context.Context, ls *leaseState) error {
 	send := time.Now()
 	resp, err := b.cli.Grant(ctx, ls.sec)
+	if err != nil {
+		// A grant cut short by its caller's deadline fails with the
+		// context's error, so the calls waiting for ls try again.
+		err = rpcErr(ctx, err)
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	defer close(ls.ready)
 	if err != nil {
-		// rpcErr: a grant cut short by its caller's deadline fails with
-		// the context's error, so waiters for ls try again with theirs.
-		ls.err = fmt.Errorf("etcdlock: grant lease of %ds: %w", ls.sec, rpcErr(ctx, err))
+		ls.err = fmt.Errorf("etcdlock: grant lease of %ds: %w", ls.sec, err)
 		if b.leases.shared[ls.sec] == ls {
 			delete(b.leases.shared, ls.sec)
 		}
