@@ -251,10 +251,6 @@ func mustDo(t *testing.T, addr string, args ...string) any {
 	return v
 }
 
-func uniqueKey(t *testing.T) string {
-	return fmt.Sprintf("%s:%d", t.Name(), time.Now().UnixNano())
-}
-
 // etcdJSON issues an HTTP request to etcd and decodes the JSON reply.
 func etcdJSON(t *testing.T, method, url, body string, out any) error {
 	t.Helper()
@@ -383,7 +379,7 @@ func TestRedis(t *testing.T) {
 		if got := mustDo(t, r.Addr(), "PING"); got != "PONG" {
 			t.Fatalf("PING = %v, want PONG", got)
 		}
-		k := uniqueKey(t)
+		k := locktest.Key(t)
 		if got := mustDo(t, r.Addr(), "SET", k, "v1"); got != "OK" {
 			t.Fatalf("SET = %v, want OK", got)
 		}
@@ -411,7 +407,7 @@ func TestRedis(t *testing.T) {
 		}
 	})
 	t.Run("KillRestartComesBackEmpty", func(t *testing.T) {
-		k := uniqueKey(t)
+		k := locktest.Key(t)
 		mustDo(t, r.Addr(), "SET", k, "v")
 		addr, oldPID := r.Addr(), r.PID()
 		if err := r.Kill(); err != nil {
@@ -461,7 +457,7 @@ func TestRedis(t *testing.T) {
 func TestRedisPersistence(t *testing.T) {
 	t.Parallel()
 	r := redisDurable
-	k := uniqueKey(t)
+	k := locktest.Key(t)
 	mustDo(t, r.Addr(), "SET", k, "kept")
 	if err := r.Kill(); err != nil {
 		t.Fatal(err)
@@ -635,7 +631,7 @@ func TestEtcd(t *testing.T) {
 	}
 
 	// Data survives Kill + Restart (etcd always persists).
-	key := base64.StdEncoding.EncodeToString([]byte(uniqueKey(t)))
+	key := base64.StdEncoding.EncodeToString([]byte(locktest.Key(t)))
 	val := base64.StdEncoding.EncodeToString([]byte("v"))
 	var put map[string]any
 	if err := etcdJSON(t, "POST", e.ClientURL()+"/v3/kv/put", `{"key":"`+key+`","value":"`+val+`"}`, &put); err != nil {
